@@ -1,0 +1,205 @@
+"""The GGUF file's own chat template, rendered in a Jinja sandbox and tokenized as segments.
+
+The prompt is reported as segments (system prompt, earlier turns, the new message,
+template markup) so the context window can be drawn. Special tokens are recognised
+only in the template's own markup, never inside message content: each content is
+wrapped in unguessable sentinels while rendering, and the sentinel ranges are
+tokenized as plain text.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, Sequence, TypedDict
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from inference.errors import InvalidRequestError, ModelFileError
+from inference.tokenizer import BPETokenizer
+
+ROLES = ("system", "user", "assistant")
+SegmentKind = Literal["system", "history", "message", "markup"]
+
+# Used when a file carries no template: ChatML, which SmolLM2 and many others use.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class Message(TypedDict):
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of prompt tokens with one meaning; `message_index` is None for template markup."""
+
+    kind: SegmentKind
+    role: str | None
+    message_index: int | None
+    token_start: int
+    token_end: int
+    char_start: int
+    char_end: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The rendered prompt: its text, its tokens (with spans into `text`) and its segments."""
+
+    text: str
+    ids: list[int]
+    tokens: list[str]
+    spans: list[tuple[int, int]]
+    segments: list[Segment]
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+class ChatTemplate:
+    """Renders messages with the file's `tokenizer.chat_template` and tokenizes the result."""
+
+    def __init__(self, source: str, tokenizer: BPETokenizer, bos_token: str = "", eos_token: str = "", path: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as exc:
+            raise ModelFileError(path, f"tokenizer.chat_template does not compile ({exc})") from exc
+        self.source = source
+        self._tokenizer = tokenizer
+        self._bos = bos_token
+        self._eos = eos_token
+        specials = sorted(tokenizer.special_ids, key=len, reverse=True)
+        self._special_re = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> Prompt:
+        """Render and tokenize; raises InvalidRequestError for messages the template cannot take."""
+        _validate(messages)
+        nonce = secrets.token_hex(8)
+        opens = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
+        close = f"\ue002{nonce}\ue003"
+        wrapped = [{"role": m["role"], "content": opens[i] + m["content"] + close} for i, m in enumerate(messages)]
+        try:
+            raw = self._template.render(
+                messages=wrapped, add_generation_prompt=add_generation_prompt, bos_token=self._bos, eos_token=self._eos
+            )
+        except TemplateError as exc:
+            raise InvalidRequestError(f"The model's chat template rejected these messages: {exc}", "messages") from exc
+        text, contents = _strip_sentinels(raw, opens, close)
+        return self._tokenize(text, contents, messages)
+
+    def _tokenize(self, text: str, contents: dict[int, tuple[int, int]], messages: Sequence[Message]) -> Prompt:
+        ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        for start, end, is_special in self._pieces(text, sorted(contents.values())):
+            if is_special:
+                ids.append(self._tokenizer.special_ids[text[start:end]])
+                spans.append((start, end))
+                continue
+            enc = self._tokenizer.encode(text[start:end])
+            ids.extend(enc.ids)
+            spans.extend((start + a, start + b) for a, b in enc.spans)
+        tokens = [self._tokenizer.token_text(i) for i in ids]
+        return Prompt(text=text, ids=ids, tokens=tokens, spans=spans, segments=_segments(spans, contents, messages))
+
+    def _pieces(self, text: str, protected: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
+        """Split `text` into plain runs and special tokens; a special inside a message content does not count."""
+        pieces: list[tuple[int, int, bool]] = []
+        cursor = 0
+        if self._special_re is not None:
+            for match in self._special_re.finditer(text):
+                if any(a <= match.start() < b for a, b in protected):
+                    continue
+                if match.start() > cursor:
+                    pieces.append((cursor, match.start(), False))
+                pieces.append((match.start(), match.end(), True))
+                cursor = match.end()
+        if cursor < len(text):
+            pieces.append((cursor, len(text), False))
+        return pieces
+
+
+def _validate(messages: Sequence[Message]) -> None:
+    if not messages:
+        raise InvalidRequestError("messages must contain at least one message", "messages")
+    for i, m in enumerate(messages):
+        if m.get("role") not in ROLES:
+            raise InvalidRequestError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}", f"messages[{i}].role"
+            )
+        if not isinstance(m.get("content"), str):
+            raise InvalidRequestError(f"messages[{i}].content must be a string", f"messages[{i}].content")
+
+
+def _strip_sentinels(raw: str, opens: list[str], close: str) -> tuple[str, dict[int, tuple[int, int]]]:
+    """Remove the sentinels, returning the clean text and each message's content range in it."""
+    out: list[str] = []
+    length = 0
+    contents: dict[int, tuple[int, int]] = {}
+    pattern = re.compile("|".join(re.escape(s) for s in [*opens, close]))
+    open_index = {s: i for i, s in enumerate(opens)}
+    current: tuple[int, int] | None = None  # (message index, start in clean text)
+    cursor = 0
+    for match in pattern.finditer(raw):
+        out.append(raw[cursor : match.start()])
+        length += match.start() - cursor
+        cursor = match.end()
+        token = match.group()
+        if token == close:
+            if current is not None:
+                contents[current[0]] = (current[1], length)
+                current = None
+        else:
+            current = (open_index[token], length)
+    out.append(raw[cursor:])
+    return "".join(out), contents
+
+
+def _segments(
+    spans: list[tuple[int, int]], contents: dict[int, tuple[int, int]], messages: Sequence[Message]
+) -> list[Segment]:
+    """Group consecutive tokens by what their first character belongs to."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
+
+    def owner(char: int) -> int | None:
+        for index, (a, b) in contents.items():
+            if a <= char < b:
+                return index
+        return None
+
+    def kind_of(index: int | None) -> SegmentKind:
+        if index is None:
+            return "markup"
+        if messages[index]["role"] == "system":
+            return "system"
+        return "message" if index == last_user else "history"
+
+    segments: list[Segment] = []
+    run_start = 0
+    for t in range(1, len(spans) + 1):
+        if t < len(spans) and owner(spans[t][0]) == owner(spans[run_start][0]):
+            continue
+        index = owner(spans[run_start][0])
+        segments.append(
+            Segment(
+                kind=kind_of(index),
+                role=None if index is None else messages[index]["role"],
+                message_index=index,
+                token_start=run_start,
+                token_end=t,
+                char_start=spans[run_start][0],
+                char_end=spans[t - 1][1],
+            )
+        )
+        run_start = t
+    return segments

@@ -1,0 +1,124 @@
+"""Reading a GGUF file: its metadata, its tokenizer arrays and its tensors, dequantized to float32.
+
+The `gguf` package does the parsing and the dequantization; this module turns its
+low-level failures (a truncated file, a missing key, an unknown quantization) into
+errors that name the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
+from gguf.quants import dequantize
+
+from inference.errors import ModelFileError
+
+# Metadata arrays too large to be worth copying into the plain metadata dict.
+_TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+
+
+@dataclass(frozen=True)
+class TokenizerData:
+    """The vocabulary as the GGUF stores it; `token_types` uses llama.cpp's codes (3 = control)."""
+
+    model: str
+    pre: str
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+
+
+class GGUFFile:
+    """An opened GGUF file. Tensors are dequantized one at a time, on demand."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        if not os.path.isfile(self.path):
+            raise ModelFileError(self.path, "no such file")
+        try:
+            self._reader = GGUFReader(self.path, "r")
+        except Exception as exc:  # the gguf package raises bare ValueError/struct/index errors
+            raise ModelFileError(self.path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        self.metadata: dict[str, Any] = {}
+        for key, field in self._reader.fields.items():
+            if key in _TOKENIZER_ARRAYS or key.startswith("GGUF."):
+                continue
+            try:
+                self.metadata[key] = field.contents()
+            except Exception as exc:
+                raise ModelFileError(self.path, f"metadata key {key!r} is corrupt ({exc})") from exc
+        self._tensors: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}
+
+    def tokenizer_data(self) -> TokenizerData:
+        """The byte-level BPE vocabulary; a file without one cannot be served."""
+        model = self.metadata.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ModelFileError(self.path, f"tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+        tokens = self._array("tokenizer.ggml.tokens")
+        merges = self._array("tokenizer.ggml.merges")
+        types = self._array("tokenizer.ggml.token_type", required=False) or [1] * len(tokens)
+        if len(types) != len(tokens):
+            raise ModelFileError(self.path, "tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length")
+        return TokenizerData(
+            model=model,
+            pre=str(self.metadata.get("tokenizer.ggml.pre", "default")),
+            tokens=[str(t) for t in tokens],
+            token_types=[int(t) for t in types],
+            merges=[str(m) for m in merges],
+        )
+
+    def _array(self, key: str, required: bool = True) -> list[Any]:
+        field = self._reader.fields.get(key)
+        if field is None:
+            if required:
+                raise ModelFileError(self.path, f"metadata key {key!r} is missing")
+            return []
+        if not field.types or field.types[0] != GGUFValueType.ARRAY:
+            raise ModelFileError(self.path, f"metadata key {key!r} is not an array")
+        values = field.contents()
+        assert isinstance(values, list)
+        return values
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self._tensors)
+
+    def tensor_type(self, name: str) -> GGMLQuantizationType:
+        return self._tensor(name).tensor_type
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._tensors
+
+    def _tensor(self, name: str) -> ReaderTensor:
+        if name not in self._tensors:
+            raise ModelFileError(self.path, f"tensor {name!r} is missing")
+        return self._tensors[name]
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as float32 in PyTorch's layout (rows = output features)."""
+        tensor = self._tensor(name)
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dimensions innermost first
+        try:
+            values = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ModelFileError(
+                self.path, f"tensor {name!r} uses {tensor.tensor_type.name}, which cannot be dequantized"
+            ) from exc
+        except Exception as exc:
+            raise ModelFileError(self.path, f"tensor {name!r} is corrupt or truncated ({exc})") from exc
+        if values.size != int(np.prod(shape)):
+            raise ModelFileError(self.path, f"tensor {name!r} holds {values.size} values, expected shape {shape}")
+        return np.array(values.reshape(shape), dtype=np.float32, copy=not values.flags.writeable)
+
+    def iter_dequantized(
+        self, names: list[str], on_tensor: Callable[[int, int, str], None] | None = None
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        """Dequantize `names` in order, calling `on_tensor(done, total, name)` after each (for progress)."""
+        for i, name in enumerate(names, start=1):
+            yield name, self.dequantize(name)
+            if on_tensor is not None:
+                on_tensor(i, len(names), name)

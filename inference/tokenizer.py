@@ -1,0 +1,114 @@
+"""Byte-level BPE tokenizer built from the vocabulary and merges inside the GGUF file.
+
+Built with Hugging Face `tokenizers` and the same pre-tokenization as llama.cpp, so
+that ids match llama.cpp's. It never recognises special tokens in the text it is
+given: user text is always plain text, and a user who types `<|im_end|>` gets the
+characters, not the control token. Template markup is split on special tokens by
+`chat_template`, which knows which parts of the prompt are markup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from inference.errors import ModelFileError
+from inference.gguf_file import TokenizerData
+
+CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
+# Control tokens that end an assistant turn in the chat formats we know, besides the file's EOS.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>")
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    """llama.cpp's pre-tokenization for the file's `tokenizer.ggml.pre`."""
+    if pre in ("smollm", "starcoder", "refact", "default", "gpt2", "gpt-2"):
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if pre == "gpt2" or pre == "gpt-2" or pre == "default":
+            return byte_level
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    raise ValueError(pre)
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-printable-character table used by byte-level BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """Token ids with a readable string per token and its (start, end) character span in the input."""
+
+    ids: list[int]
+    tokens: list[str]
+    spans: list[tuple[int, int]]
+
+
+class BPETokenizer:
+    """Encodes plain text and maps every id back to the exact bytes it stands for."""
+
+    def __init__(self, data: TokenizerData, path: str = "<gguf>") -> None:
+        try:
+            pre = _pre_tokenizer(data.pre)
+        except ValueError:
+            raise ModelFileError(path, f"pre-tokenizer {data.pre!r} is not supported") from None
+        vocab = {token: i for i, token in enumerate(data.tokens)}
+        merges = [tuple(m.split(" ", 1)) for m in data.merges]
+        self._tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))  # type: ignore[arg-type]
+        self._tk.pre_tokenizer = pre
+        self._tk.decoder = decoders.ByteLevel()
+        self.vocab_size = len(data.tokens)
+        self.pieces = data.tokens
+        self.special_ids: dict[str, int] = {
+            tok: i for i, (tok, kind) in enumerate(zip(data.tokens, data.token_types)) if kind == CONTROL_TOKEN_TYPE
+        }
+        self.control_ids = frozenset(self.special_ids.values())
+        to_byte = _unicode_to_byte()
+        self.token_bytes: list[bytes] = [
+            b"" if i in self.control_ids else bytes(to_byte.get(ch, 0) for ch in tok)
+            for i, tok in enumerate(data.tokens)
+        ]
+
+    def encode(self, text: str) -> Encoding:
+        """Plain-text encoding: special-token text stays ordinary characters."""
+        enc = self._tk.encode(text, add_special_tokens=False)
+        return Encoding(ids=list(enc.ids), tokens=[self.token_text(i) for i in enc.ids], spans=list(enc.offsets))
+
+    def token_text(self, token_id: int) -> str:
+        """A readable form of one token: control tokens by name, partial UTF-8 as \\x escapes."""
+        if token_id in self.control_ids:
+            return self.pieces[token_id]
+        return self.token_bytes[token_id].decode("utf-8", errors="backslashreplace")
+
+    def decode(self, ids: list[int]) -> str:
+        """The whole sequence at once; control tokens produce no text."""
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def end_of_turn_ids(self, eos_id: int | None) -> frozenset[int]:
+        """Ids that end generation: the file's EOS plus the end-of-turn control tokens it has."""
+        ids = {self.special_ids[t] for t in END_OF_TURN_TOKENS if t in self.special_ids}
+        if eos_id is not None and 0 <= eos_id < self.vocab_size:
+            ids.add(eos_id)
+        return frozenset(ids)
