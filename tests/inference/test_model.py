@@ -1,0 +1,87 @@
+"""The transformer against an independent plain re-computation, and cached decoding against uncached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from inference.loader import LoadedModel, load_model
+from inference.model import Transformer, apply_rope
+from naive_llama import naive_logits
+
+
+def _weights(loaded: LoadedModel) -> dict[str, np.ndarray]:
+    return {k: v.float().numpy() for k, v in loaded.model.state_dict().items()}
+
+
+def _all_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
+    cache = model.new_cache(1, len(ids))
+    with torch.inference_mode():
+        return model(torch.tensor([ids]), torch.arange(len(ids))[None], cache, all_logits=True)[0]
+
+
+def _cached_logits(model: Transformer, ids: list[int], prefill: int) -> torch.Tensor:
+    """Prefill the first `prefill` tokens, then feed the rest one at a time through the KV cache."""
+    cache = model.new_cache(1, len(ids))
+    rows = []
+    with torch.inference_mode():
+        rows.append(model(torch.tensor([ids[:prefill]]), torch.arange(prefill)[None], cache))
+        for pos in range(prefill, len(ids)):
+            rows.append(model(torch.tensor([[ids[pos]]]), torch.tensor([[pos]]), cache))
+    return torch.cat(rows)
+
+
+def test_tiny_model_logits_match_a_plain_recomputation(tiny_model: LoadedModel) -> None:
+    ids = [1, 120, 45, 200, 7, 99, 250, 3]
+    expected = naive_logits(tiny_model.config, _weights(tiny_model), ids)
+    assert np.allclose(_all_logits(tiny_model.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_real_model_logits_match_a_plain_recomputation(smollm2: LoadedModel) -> None:
+    ids = smollm2.tokenizer.encode("What's the capital of India?").ids
+    expected = naive_logits(smollm2.config, _weights(smollm2), ids)
+    got = _all_logits(smollm2.model, ids).numpy()
+    assert np.abs(got - expected).max() < 2e-3
+    assert (got.argmax(-1) == expected.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("model_name", ["tiny_model", "smollm2"])
+def test_cached_decoding_equals_uncached(request: pytest.FixtureRequest, model_name: str) -> None:
+    loaded: LoadedModel = request.getfixturevalue(model_name)
+    ids = [1, 9690, 198, 2683, 359, 253, 5356, 11173, 30, 2, 198] if model_name == "smollm2" else [1, 5, 80, 91, 200, 17, 3]
+    full = _all_logits(loaded.model, ids)
+    cached = _cached_logits(loaded.model, ids, prefill=3)
+    assert torch.allclose(cached, full[2:], atol=1e-4, rtol=1e-4)
+
+
+def test_rope_rotates_adjacent_pairs() -> None:
+    x = torch.zeros(1, 1, 1, 4)
+    x[..., 0] = 1.0  # the pair (x0, x1) = (1, 0)
+    angle = torch.tensor([0.5, 0.0])
+    freqs = torch.polar(torch.ones(2), angle)[None, None]  # [1, 1, 2]
+    out = apply_rope(x, freqs)[0, 0, 0]
+    assert torch.allclose(out, torch.tensor([np.cos(0.5), np.sin(0.5), 0.0, 0.0], dtype=torch.float32), atol=1e-6)
+
+
+def test_batched_rows_at_different_positions_match_single_runs(tiny_model: LoadedModel) -> None:
+    """One forward over two sequences at different positions gives each its own single-sequence logits."""
+    model = tiny_model.model
+    a, b = [1, 40, 41, 42], [1, 90, 91]
+    cache = model.new_cache(2, 8)
+    with torch.inference_mode():
+        # Row 1 is one token shorter: its last slot holds padding that its next step overwrites.
+        model(torch.tensor([a, b + [0]]), torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]), cache)
+        step = model(torch.tensor([[43], [5]]), torch.tensor([[4], [3]]), cache)
+    assert torch.allclose(step[0], _all_logits(model, a + [43])[-1], atol=1e-5)
+    assert torch.allclose(step[1], _all_logits(model, b + [5])[-1], atol=1e-5)
+
+
+def test_untied_output_weights_are_used(write_gguf: Any) -> None:
+    loaded = load_model(str(write_gguf(tied_embeddings=False)), device="cpu", use_cache=False)
+    assert loaded.model.output.weight.data_ptr() != loaded.model.token_embd.weight.data_ptr()
+    ids = [1, 30, 31]
+    expected = naive_logits(loaded.config, _weights(loaded), ids)
+    assert np.allclose(_all_logits(loaded.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)

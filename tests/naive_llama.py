@@ -1,0 +1,61 @@
+"""An independent, deliberately plain LLaMA forward pass for checking the real one.
+
+float64 numpy, no cache, no batching, explicit loops over positions and heads,
+RoPE written out with cos/sin on adjacent pairs. Slow and obvious on purpose.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inference.config import ModelConfig
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x) + eps) * weight
+
+
+def _rope(vec: np.ndarray, position: int, base: float) -> np.ndarray:
+    out = vec.copy()
+    d = vec.shape[0]
+    for i in range(d // 2):
+        angle = position / base ** (2 * i / d)
+        a, b = vec[2 * i], vec[2 * i + 1]
+        out[2 * i] = a * np.cos(angle) - b * np.sin(angle)
+        out[2 * i + 1] = a * np.sin(angle) + b * np.cos(angle)
+    return out
+
+
+def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """Logits [T, V] for every position of `ids`, each position computed from scratch over its prefix."""
+    w = {k: v.astype(np.float64) for k, v in weights.items()}
+    hd, group = config.head_dim, config.n_heads // config.n_kv_heads
+    out_w = w.get("output.weight", w["token_embd.weight"])
+    logits = []
+    for t in range(len(ids)):
+        xs = [w["token_embd.weight"][i].copy() for i in ids[: t + 1]]
+        for layer in range(config.n_layers):
+            p = f"blk.{layer}."
+            normed = [_rms_norm(x, w[p + "attn_norm.weight"], config.norm_eps) for x in xs]
+            qs = [w[p + "attn_q.weight"] @ x for x in normed]
+            ks = [w[p + "attn_k.weight"] @ x for x in normed]
+            vs = [w[p + "attn_v.weight"] @ x for x in normed]
+            new_xs = []
+            for pos, x in enumerate(xs):
+                heads = []
+                for h in range(config.n_heads):
+                    kv = h // group
+                    q = _rope(qs[pos][h * hd : (h + 1) * hd], pos, config.rope_base)
+                    scores = np.array(
+                        [q @ _rope(ks[s][kv * hd : (kv + 1) * hd], s, config.rope_base) / np.sqrt(hd) for s in range(pos + 1)]
+                    )
+                    probs = np.exp(scores - scores.max())
+                    probs /= probs.sum()
+                    heads.append(sum(probs[s] * vs[s][kv * hd : (kv + 1) * hd] for s in range(pos + 1)))
+                h1 = x + w[p + "attn_output.weight"] @ np.concatenate(heads)
+                f = _rms_norm(h1, w[p + "ffn_norm.weight"], config.norm_eps)
+                gate = w[p + "ffn_gate.weight"] @ f
+                new_xs.append(h1 + w[p + "ffn_down.weight"] @ (gate / (1 + np.exp(-gate)) * (w[p + "ffn_up.weight"] @ f)))
+            xs = new_xs
+        logits.append(out_w @ _rms_norm(xs[-1], w["output_norm.weight"], config.norm_eps))
+    return np.stack(logits)
