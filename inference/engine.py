@@ -9,7 +9,7 @@ does no work until the consumer asks for the next event, so a consumer that stop
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from typing import Generator, Sequence
 
 import torch
 from torch import Tensor
@@ -43,7 +43,7 @@ class Engine:
     @torch.inference_mode()
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, level: TraceLevel = TraceLevel.OFF
-    ) -> Iterator[ForwardStep | Sampled]:
+    ) -> Generator[ForwardStep | Sampled, None, None]:
         """Yield a ForwardStep per pass (summary and full only) and a Sampled per generated token."""
         sampler = Sampler(params, self.model.config.vocab_size, prompt_ids, self.stop_ids)
         cache = self.model.new_cache(1, len(prompt_ids) + params.max_tokens)

@@ -11,7 +11,7 @@ import dataclasses
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Generator, Sequence
 
 from inference.chat_template import Message, Prompt
 from inference.detokenizer import IncrementalDetokenizer
@@ -80,7 +80,9 @@ class ChatPipeline:
             raise ContextLengthExceededError(len(prompt.ids), params.max_tokens, limit)
         return PreparedRequest(prompt, params, dropped, received, time.perf_counter() - started)
 
-    def stream(self, request: PreparedRequest, level: TraceLevel = TraceLevel.OFF) -> Iterator[TraceEvent]:
+    def stream(
+        self, request: PreparedRequest, level: TraceLevel = TraceLevel.OFF
+    ) -> Generator[TraceEvent, None, None]:
         """Yield the request's trace; at `off`, only Sampled (without detail), TextDelta and Finished events."""
         prompt, params = request.prompt, request.params
         traced = level != TraceLevel.OFF
