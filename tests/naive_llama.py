@@ -28,10 +28,16 @@ def _rope(vec: np.ndarray, position: int, base: float) -> np.ndarray:
 
 def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
     """Logits [T, V] for every position of `ids`, each position computed from scratch over its prefix."""
+    return naive_forward(config, weights, ids)[0]
+
+
+def naive_forward(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(logits [T, V], the last token's attention probabilities [layers, heads, T])."""
     w = {k: v.astype(np.float64) for k, v in weights.items()}
     hd, group = config.head_dim, config.n_heads // config.n_kv_heads
     out_w = w.get("output.weight", w["token_embd.weight"])
     logits = []
+    last_attention = np.zeros((config.n_layers, config.n_heads, len(ids)))
     for t in range(len(ids)):
         xs = [w["token_embd.weight"][i].copy() for i in ids[: t + 1]]
         for layer in range(config.n_layers):
@@ -51,6 +57,8 @@ def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[
                     )
                     probs = np.exp(scores - scores.max())
                     probs /= probs.sum()
+                    if t == len(ids) - 1 and pos == t:
+                        last_attention[layer, h] = probs
                     heads.append(sum(probs[s] * vs[s][kv * hd : (kv + 1) * hd] for s in range(pos + 1)))
                 h1 = x + w[p + "attn_output.weight"] @ np.concatenate(heads)
                 f = _rms_norm(h1, w[p + "ffn_norm.weight"], config.norm_eps)
@@ -58,4 +66,4 @@ def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[
                 new_xs.append(h1 + w[p + "ffn_down.weight"] @ (gate / (1 + np.exp(-gate)) * (w[p + "ffn_up.weight"] @ f)))
             xs = new_xs
         logits.append(out_w @ _rms_norm(xs[-1], w["output_norm.weight"], config.norm_eps))
-    return np.stack(logits)
+    return np.stack(logits), last_attention
