@@ -27,19 +27,15 @@ _LLAMA3_SPLIT = (
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    """llama.cpp's pre-tokenization for the file's `tokenizer.ggml.pre`."""
-    if pre in ("smollm", "starcoder", "refact", "default", "gpt2", "gpt-2"):
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        if pre == "gpt2" or pre == "gpt-2" or pre == "default":
-            return byte_level
+    """llama.cpp's pre-tokenization for the file's `tokenizer.ggml.pre`; ValueError if we do not know it."""
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("gpt2", "gpt-2", "default"):
+        return byte_level
+    if pre in ("smollm", "starcoder", "refact"):  # every digit on its own, then GPT-2's regex
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     if pre in ("llama-bpe", "llama3", "smaug-bpe"):
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     raise ValueError(pre)
 
 

@@ -34,6 +34,7 @@ class TinySpec:
     tied_embeddings: bool = True
     architecture: str = "llama"
     chat_template: str | None = CHATML_TEMPLATE
+    tokenizer_pre: str = "smollm"
     omit_tensors: list[str] = field(default_factory=list)
     seed: int = 0
 
@@ -82,7 +83,7 @@ def write_tiny_gguf(path: Path, spec: TinySpec | None = None) -> Path:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokens))
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
+    writer.add_tokenizer_pre(s.tokenizer_pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from inference.loader import LoadedModel
+from inference.errors import ModelFileError
+from inference.loader import LoadedModel, load_model
 
 
 def test_it_encodes_the_seed_question_like_llama_cpp(smollm2: LoadedModel) -> None:
@@ -63,3 +64,23 @@ def test_a_token_holding_part_of_a_character_reads_as_byte_escapes(smollm2: Load
 def test_end_of_turn_ids_include_im_end_and_the_files_eos(smollm2: LoadedModel) -> None:
     assert smollm2.tokenizer.special_ids["<|im_end|>"] in smollm2.stop_ids
     assert 2 in smollm2.stop_ids
+
+
+@pytest.mark.parametrize(
+    "pre, pieces",
+    [("smollm", ["1", "2", "3", "4", "5", "Ġgo"]), ("llama-bpe", ["123", "45", "Ġgo"]), ("gpt2", ["12345", "Ġgo"])],
+)
+def test_pre_tokenization_follows_the_files_pre_type(pre: str, pieces: list[str]) -> None:
+    from inference.tokenizer import _pre_tokenizer
+
+    assert [p for p, _ in _pre_tokenizer(pre).pre_tokenize_str("12345 go")] == pieces
+
+
+def test_a_llama3_style_file_loads(write_gguf: Any) -> None:
+    loaded = load_model(str(write_gguf(tokenizer_pre="llama-bpe")), device="cpu", use_cache=False)
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("12345 go").ids) == "12345 go"
+
+
+def test_an_unknown_pre_tokenizer_is_named(write_gguf: Any) -> None:
+    with pytest.raises(ModelFileError, match="pre-tokenizer 'mystery' is not supported"):
+        load_model(str(write_gguf(tokenizer_pre="mystery")), device="cpu", use_cache=False)
