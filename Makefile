@@ -21,8 +21,7 @@ $(VENV)/.ready: requirements.txt
 
 run: setup
 	$(BIN)/python manage.py migrate --noinput
-	@echo "Roundtrip is running at http://$(HOST):$(PORT)/  (Ctrl+C stops it)"
-	$(BIN)/daphne -b $(HOST) -p $(PORT) webapp.asgi:application
+	$(BIN)/python manage.py serve --host $(HOST) --port $(PORT)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -54,11 +54,14 @@ class ChatPipeline:
         params: SamplingParams,
         truncate_history: bool = False,
         received_at: float | None = None,
+        fit_max_tokens: bool = False,
     ) -> PreparedRequest:
         """Validate and tokenize; raises InvalidRequestError (or ContextLengthExceededError) on a bad request.
 
         With truncate_history, the oldest turns after the system prompt are dropped until
-        the prompt fits (the newest message always stays); the count is reported.
+        the prompt fits (the newest message always stays); the count is reported. With
+        fit_max_tokens (max_tokens was a default, not the client's), max_tokens shrinks to
+        the room left in the context instead of failing.
         """
         received = received_at if received_at is not None else time.perf_counter()
         params.validate()
@@ -70,6 +73,8 @@ class ChatPipeline:
         dropped = 0
         while True:
             prompt = self.loaded.chat_template.render(kept)
+            if fit_max_tokens and len(prompt.ids) < limit:
+                params = dataclasses.replace(params, max_tokens=min(params.max_tokens, limit - len(prompt.ids)))
             fits = len(prompt.ids) + params.max_tokens <= limit
             first_turn = 1 if kept and kept[0]["role"] == "system" else 0
             if fits or not truncate_history or len(kept) - first_turn <= 1:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
+from urllib.parse import unquote, urlparse
 
 
 class ImproperlyConfiguredEnv(ValueError):
@@ -40,3 +43,31 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_json(name: str, default: Any) -> Any:
+    """A JSON value; invalid JSON stops the start with the variable named."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfiguredEnv(f"{name} is not valid JSON: {exc}") from None
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """A Django DATABASES entry from `postgres://user:pass@host:port/name` or `sqlite:///path`."""
+    parsed = urlparse(url)
+    if parsed.scheme in ("postgres", "postgresql"):
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": parsed.path.lstrip("/"),
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(parsed.port or ""),
+        }
+    if parsed.scheme == "sqlite":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": parsed.path}
+    raise ImproperlyConfiguredEnv(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (postgres:// or sqlite:///)")

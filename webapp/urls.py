@@ -1,9 +1,11 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from webapp import views
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("health", views.health, name="health"),
     path("admin/", admin.site.urls),
+    path("v1/", include("webapp.api.urls")),
 ]

@@ -1,0 +1,10 @@
+from django.urls import path
+
+from webapp.api import views
+
+urlpatterns = [
+    path("chat/completions", views.chat_completions, name="chat-completions"),
+    path("models", views.models, name="models"),
+    path("tokenize", views.tokenize, name="tokenize"),
+    path("openapi.json", views.openapi, name="openapi"),
+]

@@ -1,0 +1,200 @@
+"""The OpenAI-compatible HTTP API: thin async views over the gateway and the inference worker.
+
+Each view authenticates, parses, passes the gateway's limits and routing, then talks to
+the worker through `webapp.gateway.client`; every request leaves a usage row, whether it
+succeeded, failed or its client left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from webapp.api.completions import Assembler, chunk, completion, sse, timings
+from webapp.api.openapi import openapi_spec
+from webapp.api.schema import ChatRequest, parse_chat_request, parse_json_body
+from webapp.gateway import client
+from webapp.gateway.errors import GatewayError, bad_request
+from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
+from webapp.gateway.identity import Identity, identify_key
+from webapp.gateway.routing import configured_models, resolve
+from webapp.worker.service import model_status
+
+
+def _error(exc: GatewayError, ctx: RequestContext | None = None) -> JsonResponse:
+    headers = {**(ctx.headers() if ctx else {}), **exc.headers}
+    return JsonResponse(exc.body(), status=exc.status, headers=headers)
+
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise GatewayError(413, "The request body is too large.", "invalid_request_error", "request_too_large") from None
+    return parse_json_body(raw)
+
+
+def _method_not_allowed(request: HttpRequest, allowed: str) -> JsonResponse:
+    exc = GatewayError(405, f"Method {request.method} is not allowed here; use {allowed}.", "invalid_request_error", "method_not_allowed")
+    return JsonResponse(exc.body(), status=405, headers={"Allow": allowed})
+
+
+async def _authenticate(ctx: RequestContext, request: HttpRequest) -> Identity:
+    started = time.perf_counter()
+    identity = await sync_to_async(identify_key)(request.headers.get("Authorization"))
+    ctx.identity = identity
+    ctx.timed("authenticate", started, who=identity.label)
+    return identity
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _method_not_allowed(request, "POST")
+    ctx = RequestContext(client.new_request_id(), "chat.completions", request.META.get("REMOTE_ADDR"))
+    try:
+        identity = await _authenticate(ctx, request)
+        body = parse_chat_request(_body(request))
+        ctx.stream = body.stream
+        ctx.prompt_text = json.dumps(body.messages, ensure_ascii=False)
+        await sync_to_async(limit_and_route)(ctx, identity, body.model)
+        assert ctx.route is not None
+        generation = await client.generate(
+            ctx.route, body.messages, body.params, "off", ctx.request_id, fit_max_tokens=not body.max_tokens_given
+        )
+    except GatewayError as exc:
+        await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
+        return _error(exc, ctx)
+    if body.stream:
+        headers = {**ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingHttpResponse(_stream(ctx, body, generation), content_type="text/event-stream", headers=headers)
+    return await _complete(ctx, body, generation)
+
+
+async def _complete(ctx: RequestContext, body: ChatRequest, generation: client.Generation) -> HttpResponse:
+    assembler = Assembler(body.logprobs)
+    status, error_code = 200, ""
+    try:
+        async for event in generation.events():
+            assembler.feed(event)
+        result = completion(ctx, int(time.time()), assembler)
+        return JsonResponse(result, headers={**ctx.headers(), "x-roundtrip-timings": json.dumps(result["roundtrip_timings"])})
+    except GatewayError as exc:
+        status, error_code = exc.status, exc.code or exc.type
+        return _error(exc, ctx)
+    except asyncio.CancelledError:  # the client left: stop the model
+        status, error_code = 499, "client_closed_request"
+        await asyncio.shield(generation.cancel())
+        raise
+    except Exception as exc:
+        status, error_code = 500, "server_error"
+        await asyncio.shield(generation.cancel())
+        return _error(_server_error(exc), ctx)
+    finally:
+        await _settle(ctx, assembler, status, error_code)
+
+
+def _server_error(exc: Exception) -> GatewayError:
+    return GatewayError(500, f"The server failed: {type(exc).__name__}: {exc}", "server_error", "server_error")
+
+
+async def _stream(ctx: RequestContext, body: ChatRequest, generation: client.Generation) -> AsyncIterator[bytes]:
+    """SSE exactly as OpenAI's clients read it; the role chunk goes out with the first token."""
+    created = int(time.time())
+    assembler = Assembler(body.logprobs)
+    status, error_code = 200, ""
+    started = False
+    try:
+        try:
+            async for event in generation.events():
+                piece = assembler.feed(event)
+                if piece is None:
+                    continue
+                if not started:
+                    started = True
+                    yield sse(chunk(ctx, created, {"role": "assistant", "content": ""}, logprobs=[] if body.logprobs else None))
+                yield sse(chunk(ctx, created, {"content": piece.text}, logprobs=piece.logprobs if body.logprobs else None))
+            if not started:
+                yield sse(chunk(ctx, created, {"role": "assistant", "content": ""}))
+            yield sse(chunk(ctx, created, {}, assembler.finish_reason, roundtrip_timings=timings(ctx, assembler)))
+            if body.include_usage:
+                usage_chunk = chunk(ctx, created, {}) | {"choices": [], "usage": assembler.usage()}
+                yield sse(usage_chunk)
+        except GatewayError as exc:  # after the stream started: an error event, then [DONE]
+            status, error_code = exc.status, exc.code or exc.type
+            yield sse(exc.body())
+        except Exception as exc:
+            status, error_code = 500, "server_error"
+            await asyncio.shield(generation.cancel())
+            yield sse(_server_error(exc).body())
+        yield sse("[DONE]")
+    except (asyncio.CancelledError, GeneratorExit):  # the client left mid-stream: stop the model within one token
+        status, error_code = 499, "client_closed_request"
+        await asyncio.shield(generation.cancel())
+        raise
+    finally:
+        await _settle(ctx, assembler, status, error_code)
+
+
+async def _settle(ctx: RequestContext, assembler: Assembler, status: int, error_code: str) -> None:
+    usage = assembler.usage()
+    ttft = None if assembler.first_token_at is None else assembler.first_token_at - ctx.started
+    finish = assembler.finish_reason if status == 200 else ("cancelled" if status == 499 else "error")
+    await asyncio.shield(
+        sync_to_async(record_usage)(ctx, status, finish, error_code, usage["prompt_tokens"], usage["completion_tokens"], ttft)
+    )
+
+
+@csrf_exempt
+async def models(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        return _method_not_allowed(request, "GET")
+    ctx = RequestContext(client.new_request_id(), "models", request.META.get("REMOTE_ADDR"))
+    try:
+        identity = await _authenticate(ctx, request)
+    except GatewayError as exc:
+        return _error(exc, ctx)
+    data = [
+        {"id": r.id, "object": "model", "created": 0, "owned_by": "roundtrip", "aliases": list(r.aliases), "status": await sync_to_async(model_status)(r.id)}
+        for r in configured_models()
+        if identity.may_use(r.id)
+    ]
+    return JsonResponse({"object": "list", "data": data})
+
+
+@csrf_exempt
+async def tokenize(request: HttpRequest) -> HttpResponse:
+    """POST {"model", "text"} → the ids and token strings the model would see for that text."""
+    if request.method != "POST":
+        return _method_not_allowed(request, "POST")
+    ctx = RequestContext(client.new_request_id(), "tokenize", request.META.get("REMOTE_ADDR"))
+    try:
+        identity = await _authenticate(ctx, request)
+        body = _body(request)
+        text = body.get("text")
+        if not isinstance(text, str):
+            raise bad_request("Missing required parameter: 'text' (a string).", "text")
+        unknown = sorted(set(body) - {"model", "text"})
+        if unknown:
+            raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
+        route = resolve(str(body.get("model", "")))
+        if not identity.may_use(route.id):
+            raise GatewayError(403, f"This API key may not use the model {route.id!r}.", "invalid_request_error", "model_not_allowed", "model")
+        ctx.route = route
+        answer = await client.tokenize(route, text)
+    except GatewayError as exc:
+        await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
+        return _error(exc, ctx)
+    await sync_to_async(record_usage)(ctx, 200, "", "", len(answer["ids"]))
+    return JsonResponse({"model": route.id, "ids": answer["ids"], "tokens": answer["tokens"], "spans": answer["spans"], "count": len(answer["ids"])})
+
+
+async def openapi(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(openapi_spec(request.build_absolute_uri("/v1")))

@@ -1,0 +1,135 @@
+"""The web side's handle on a generation: send the request over the channel layer, read the replies.
+
+Nothing here imports torch: the model lives in an inference worker, in this process
+(in-memory layer) or another one (Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from channels.layers import BaseChannelLayer, get_channel_layer
+from django.conf import settings
+
+from inference.sampling import SamplingParams
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.routing import ModelRoute
+from webapp.worker.protocol import params_to_dict
+
+
+def new_request_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex[:24]
+
+
+def _layer() -> BaseChannelLayer:
+    layer = get_channel_layer()
+    if layer is None:
+        raise GatewayError(503, "No channel layer is configured.", "server_error", "no_channel_layer")
+    return layer
+
+
+async def _receive(layer: BaseChannelLayer, channel: str) -> dict[str, Any]:
+    try:
+        message: dict[str, Any] = await asyncio.wait_for(layer.receive(channel), settings.ROUNDTRIP_WORKER_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise GatewayError(
+            503, "The inference worker did not answer in time; retry shortly.", "server_error", "worker_timeout", headers={"Retry-After": "5"}
+        ) from None
+    return message
+
+
+def _raise_for(message: dict[str, Any]) -> None:
+    if message.get("type") == "error":
+        status = int(message.get("status", 500))
+        headers = {"Retry-After": str(message["retry_after"])} if "retry_after" in message else {}
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        raise GatewayError(status, str(message.get("message")), kind, message.get("code"), message.get("param"), headers)
+
+
+class Generation:
+    """One request's replies. `start()` waits until the worker accepted it (or raises its error)."""
+
+    def __init__(self, layer: BaseChannelLayer, route: ModelRoute, request_id: str, reply_to: str) -> None:
+        self.layer = layer
+        self.route = route
+        self.request_id = request_id
+        self.reply_to = reply_to
+        self.control: str | None = None
+        self.accepted: dict[str, Any] = {}
+        self.finished: dict[str, Any] | None = None
+        self.sent_at = time.perf_counter()
+
+    async def start(self) -> dict[str, Any]:
+        while True:
+            message = await _receive(self.layer, self.reply_to)
+            _raise_for(message)
+            if message.get("type") == "queued":
+                self.control = message.get("control")
+            elif message.get("type") == "accepted":
+                self.control = message.get("control", self.control)
+                self.accepted = message
+                return message
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Trace events until "finished"; an error reply mid-stream raises GatewayError."""
+        while self.finished is None:
+            message = await _receive(self.layer, self.reply_to)
+            _raise_for(message)
+            if message.get("type") != "event":
+                continue
+            event: dict[str, Any] = message["event"]
+            if event["event"] == "finished":
+                self.finished = event
+            yield event
+
+    async def cancel(self) -> None:
+        """Tell the worker to stop (the client left); harmless once it has finished."""
+        if self.control and self.finished is None:
+            await self.layer.send(self.control, {"type": "cancel", "request_id": self.request_id})
+
+
+async def generate(
+    route: ModelRoute,
+    messages: list[dict[str, str]],
+    params: SamplingParams,
+    level: str = "off",
+    request_id: str | None = None,
+    truncate_history: bool = False,
+    fit_max_tokens: bool = False,
+) -> Generation:
+    """Send a generate request to the model's workers and wait until it is accepted."""
+    layer = _layer()
+    reply_to = await layer.new_channel("reply.")
+    generation = Generation(layer, route, request_id or new_request_id(), reply_to)
+    await layer.send(
+        route.work_channel,
+        {
+            "type": "generate",
+            "request_id": generation.request_id,
+            "reply_to": reply_to,
+            "messages": messages,
+            "params": params_to_dict(params),
+            "level": level,
+            "truncate_history": truncate_history,
+            "fit_max_tokens": fit_max_tokens,
+            "sent_at": time.time(),
+        },
+    )
+    try:
+        await generation.start()
+    except BaseException:  # the client left, or the worker refused: make sure nothing keeps running
+        await generation.cancel()
+        raise
+    return generation
+
+
+async def tokenize(route: ModelRoute, text: str) -> dict[str, Any]:
+    layer = _layer()
+    reply_to = await layer.new_channel("reply.")
+    await layer.send(route.work_channel, {"type": "tokenize", "request_id": new_request_id(), "reply_to": reply_to, "text": text})
+    message = await _receive(layer, reply_to)
+    _raise_for(message)
+    return message

@@ -1,0 +1,110 @@
+"""The gateway's checks, in order, each timed: authenticate, rate limits and budgets, route; then the usage log.
+
+`Admission` is what a request that passed carries along: who, which model, its limiter,
+the rate-limit state for the headers and the time every stage took. `record_usage`
+writes the usage row whatever happened, and gives back the concurrency slot.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.identity import Identity
+from webapp.gateway.limits import RateLimiter, RateState
+from webapp.gateway.routing import ModelRoute, resolve
+from webapp.usage.models import UsageRecord
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestContext:
+    """What the gateway knows about a request from its first byte, passed or refused."""
+
+    request_id: str
+    endpoint: str
+    client_ip: str | None
+    stream: bool = False
+    identity: Identity | None = None
+    route: ModelRoute | None = None
+    limiter: RateLimiter | None = None
+    rate: RateState | None = None
+    stages: list[Stage] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    prompt_text: str = ""
+
+    def timed(self, name: str, started: float, **detail: Any) -> None:
+        self.stages.append(Stage(name, time.perf_counter() - started, detail))
+
+    @property
+    def gateway_seconds(self) -> float:
+        return sum(s.seconds for s in self.stages)
+
+    def headers(self) -> dict[str, str]:
+        out = self.rate.headers() if self.rate else {}
+        out["x-request-id"] = self.request_id
+        out["x-roundtrip-gateway-ms"] = ";".join(f"{s.name}={s.seconds * 1000:.2f}" for s in self.stages)
+        return out
+
+
+def limit_and_route(ctx: RequestContext, identity: Identity, model: str) -> None:
+    """Stages 2 and 3 (after authentication): rate limits and budgets, then the model. Raises GatewayError."""
+    ctx.identity = identity
+    started = time.perf_counter()
+    limiter = RateLimiter(identity.bucket, identity.limits)
+    ctx.rate = limiter.admit()
+    ctx.limiter = limiter
+    ctx.timed("rate_limit", started, bucket=identity.bucket, **ctx.rate.counted)
+    started = time.perf_counter()
+    route = resolve(model)
+    if not identity.may_use(route.id):
+        raise GatewayError(403, f"This API key may not use the model {route.id!r}.", "invalid_request_error", "model_not_allowed", "model")
+    ctx.route = route
+    ctx.timed("route", started, model=route.id, channel=route.work_channel)
+
+
+def record_usage(
+    ctx: RequestContext,
+    status: int,
+    finish_reason: str = "",
+    error_code: str = "",
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+    ttft: float | None = None,
+) -> UsageRecord:
+    """The usage row for this request; also settles its tokens and frees its concurrency slot."""
+    started = time.perf_counter()
+    identity = ctx.identity
+    if ctx.limiter is not None:
+        ctx.limiter.release()
+        ctx.limiter.settle(prompt_tokens + completion_tokens)
+    record = UsageRecord.objects.create(
+        request_id=ctx.request_id,
+        api_key=identity.api_key if identity else None,
+        user_id=identity.user_id if identity else None,
+        session_key=identity.session_key if identity else "",
+        endpoint=ctx.endpoint,
+        model=ctx.route.id if ctx.route else "",
+        stream=ctx.stream,
+        status=status,
+        error_code=error_code or "",
+        finish_reason=finish_reason,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        ttft_ms=None if ttft is None else ttft * 1000,
+        total_ms=(time.perf_counter() - ctx.started) * 1000,
+        client_ip=ctx.client_ip,
+        prompt_text=ctx.prompt_text if settings.ROUNDTRIP_STORE_PROMPTS else "",
+    )
+    ctx.timed("usage_log", started)
+    return record

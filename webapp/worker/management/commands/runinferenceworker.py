@@ -1,0 +1,28 @@
+"""`manage.py runinferenceworker`: an inference worker as its own process (with the Redis channel layer)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from webapp.gateway.routing import configured_models
+from webapp.worker.service import serve
+
+
+class Command(BaseCommand):
+    help = "Load the configured models and serve their work channels on the channel layer."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--model", action="append", help="serve only this model id (repeatable)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer"):
+            raise CommandError("the in-memory channel layer cannot reach other processes: set REDIS_URL, or just run the site (the worker starts inside it)")
+        routes = [r for r in configured_models() if not opts["model"] or r.id in opts["model"]]
+        if not routes:
+            raise CommandError(f"no configured model matches {opts['model']}")
+        self.stderr.write(f"inference worker for {', '.join(r.id for r in routes)}")
+        asyncio.run(serve(routes))
