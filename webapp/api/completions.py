@@ -23,6 +23,8 @@ class Assembler:
     """Consumes trace events in order; a token's logprobs travel with the text it released."""
 
     want_logprobs: bool
+    prompt_tokens: int = 0  # from the worker's "accepted" reply, for requests that never finish
+    sampled: int = 0
     pending: list[dict[str, Any]] = field(default_factory=list)
     finished: dict[str, Any] | None = None
     text: list[str] = field(default_factory=list)
@@ -32,6 +34,7 @@ class Assembler:
     def feed(self, event: dict[str, Any]) -> Piece | None:
         kind = event["event"]
         if kind == "sampled":
+            self.sampled += 1
             if self.first_token_at is None:
                 self.first_token_at = time.perf_counter()
             if self.want_logprobs and not event["is_stop"]:
@@ -61,8 +64,9 @@ class Assembler:
         return self.finished["finish_reason"] if self.finished else "cancelled"
 
     def usage(self) -> dict[str, int]:
-        prompt = self.finished["prompt_tokens"] if self.finished else 0
-        completion = self.finished["completion_tokens"] if self.finished else 0
+        """The finished event's counts; for a request cut short, what it had used so far."""
+        prompt = self.finished["prompt_tokens"] if self.finished else self.prompt_tokens
+        completion = self.finished["completion_tokens"] if self.finished else self.sampled
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

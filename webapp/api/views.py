@@ -79,7 +79,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
 
 
 async def _complete(ctx: RequestContext, body: ChatRequest, generation: client.Generation) -> HttpResponse:
-    assembler = Assembler(body.logprobs)
+    assembler = Assembler(body.logprobs, generation.accepted.get("prompt_tokens", 0))
     status, error_code = 200, ""
     try:
         async for event in generation.events():
@@ -108,7 +108,7 @@ def _server_error(exc: Exception) -> GatewayError:
 async def _stream(ctx: RequestContext, body: ChatRequest, generation: client.Generation) -> AsyncIterator[bytes]:
     """SSE exactly as OpenAI's clients read it; the role chunk goes out with the first token."""
     created = int(time.time())
-    assembler = Assembler(body.logprobs)
+    assembler = Assembler(body.logprobs, generation.accepted.get("prompt_tokens", 0))
     status, error_code = 200, ""
     started = False
     try:

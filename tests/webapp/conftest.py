@@ -1,0 +1,106 @@
+"""A real Daphne server (`manage.py serve`) in a subprocess, sharing its SQLite file with the tests.
+
+The server runs two models: `tiny` (a GGUF the tests write, fast) and the real
+SmolLM2-135M-Instruct. Tests that talk to it use `django_db(transaction=True)` so that
+the keys they create are committed where the server can see them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx2 as httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_DB_FILE = Path(tempfile.mkdtemp(prefix="roundtrip-tests-")) / "db.sqlite3"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests and the live server share one SQLite file, created and migrated by pytest-django."""
+    from django.db import connections
+
+    connections["default"].settings_dict["TEST"]["NAME"] = str(_DB_FILE)
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/v1"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def daphne_server(django_db_setup: None, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {
+        **os.environ,
+        "ROUNDTRIP_SQLITE_PATH": str(_DB_FILE),
+        "ROUNDTRIP_MODELS": json.dumps(
+            [{"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"]}, {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"]}]
+        ),
+        "ROUNDTRIP_MAX_ACTIVE_STREAMS": "4",
+        "ROUNDTRIP_MAX_QUEUED": "4",
+        "PYTHONUNBUFFERED": "1",
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = LiveServer(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + 120
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited:\n{server.output()}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the server did not get ready in 120 s:\n{server.output()}")
+        time.sleep(0.2)
+    yield server
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture
+def make_key(transactional_db: None) -> Any:
+    """Create a committed API key the live server can use: `make_key(requests_per_minute=5)` → raw key."""
+    from webapp.keys.models import ApiKey
+
+    def make(**fields: Any) -> str:
+        fields.setdefault("requests_per_minute", 0)
+        fields.setdefault("tokens_per_minute", 0)
+        fields.setdefault("concurrent_streams", 0)
+        _, raw = ApiKey.create_key(fields.pop("name", "test"), **fields)
+        return raw
+
+    return make

@@ -1,0 +1,281 @@
+"""The OpenAI-compatible API on a live Daphne server, driven by the official openai SDK and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+from django.utils import timezone
+from openai import OpenAI
+
+from webapp.keys.models import ApiKey
+from webapp.usage.models import UsageRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SEED_QUESTION = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What's the capital of India?"}]
+HI = [{"role": "user", "content": "the heat is on"}]
+
+
+def sdk(daphne_server: Any, key: str) -> OpenAI:
+    return OpenAI(base_url=daphne_server.api, api_key=key, max_retries=0, timeout=120)
+
+
+def _usage(request_id: str, timeout: float = 10.0) -> UsageRecord:
+    """The usage row for a request (the server writes it as the request ends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = UsageRecord.objects.filter(request_id=request_id).first()
+        if row is not None:
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"no usage row for {request_id}")
+
+
+def test_the_seed_question_through_the_sdk(daphne_server: Any, make_key: Any) -> None:
+    reply = sdk(daphne_server, make_key()).chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == "The capital of India is New Delhi."
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.model == "smollm2-135m-instruct" and reply.object == "chat.completion"
+    assert reply.usage is not None and (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (27, 9)
+    timings = (reply.model_extra or {})["roundtrip_timings"]
+    assert {"gateway_ms", "queue_ms", "tokenize_ms", "prefill_ms", "ttft_ms", "decode_ms", "total_ms"} <= set(timings)
+    row = _usage(reply.id)
+    assert (row.status, row.finish_reason, row.prompt_tokens, row.completion_tokens) == (200, "stop", 27, 9)
+    assert row.prompt_text == ""  # not stored unless ROUNDTRIP_STORE_PROMPTS
+
+
+def test_streaming_text_equals_the_non_streamed_answer(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key())
+    stream = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, stream=True, stream_options={"include_usage": True})  # type: ignore[arg-type]
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "The capital of India is New Delhi."
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 36
+
+
+def test_logprobs_and_top_logprobs(daphne_server: Any, make_key: Any) -> None:
+    reply = sdk(daphne_server, make_key()).chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, logprobs=True, top_logprobs=3)  # type: ignore[arg-type]
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and "".join(t.token for t in content) == "The capital of India is New Delhi."
+    for token in content:
+        assert len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].token == token.token  # greedy: the chosen token is the most likely
+        assert token.logprob <= 0 and bytes(token.bytes or []).decode() == token.token
+
+
+def test_a_seed_reproduces_a_sampled_answer(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key())
+
+    def ask(seed: int) -> str:
+        reply = client.chat.completions.create(model="tiny", messages=HI, temperature=1.0, seed=seed, max_tokens=30)  # type: ignore[arg-type]
+        return reply.choices[0].message.content or ""
+
+    assert ask(11) == ask(11) != ask(12)
+
+
+def test_a_stop_string_ends_the_answer_before_it(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key())
+    reply = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, stop=["Delhi"])  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == "The capital of India is New "
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_ends_with_length(daphne_server: Any, make_key: Any) -> None:
+    reply = sdk(daphne_server, make_key()).chat.completions.create(model="tiny", messages=HI, max_completion_tokens=5)  # type: ignore[arg-type]
+    assert reply.choices[0].finish_reason == "length" and reply.usage is not None and reply.usage.completion_tokens == 5
+
+
+def test_models_lists_ids_and_load_status(daphne_server: Any, make_key: Any) -> None:
+    models = sdk(daphne_server, make_key()).models.list().data
+    assert [m.id for m in models] == ["tiny", "smollm2-135m-instruct"]
+    assert (models[1].model_extra or {})["status"]["state"] == "ready"
+
+
+def test_tokenize_matches_llama_cpp(daphne_server: Any, make_key: Any) -> None:
+    r = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "What's the capital of India?"}, headers={"Authorization": f"Bearer {make_key()}"})
+    assert r.status_code == 200
+    assert r.json()["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
+    assert r.json()["tokens"][3] == " capital"
+
+
+def test_the_exact_sse_bytes(daphne_server: Any, make_key: Any) -> None:
+    body = {"model": "tiny", "messages": HI, "max_tokens": 4, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {make_key()}"}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(r.iter_bytes())
+    events = raw.split(b"\n\n")
+    assert events[-1] == b"" and events[-2] == b"data: [DONE]"
+    payloads = [json.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
+    assert all(e.startswith(b"data: {") and b"\n" not in e for e in events[:-2])
+    assert all(p["object"] == "chat.completion.chunk" and p["id"] == payloads[0]["id"] and p["model"] == "tiny" for p in payloads)
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert payloads[-2]["choices"][0]["finish_reason"] == "length" and payloads[-2]["choices"][0]["delta"] == {}
+    assert payloads[-1]["choices"] == [] and payloads[-1]["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    "request_kwargs, exception, code",
+    [
+        ({"model": "nope"}, openai.NotFoundError, "model_not_found"),
+        ({"model": "tiny", "temperature": 3}, openai.BadRequestError, None),
+        ({"model": "tiny", "top_logprobs": 2}, openai.BadRequestError, None),
+        ({"model": "smollm2", "max_tokens": 9000}, openai.BadRequestError, "context_length_exceeded"),
+        ({"model": "tiny", "messages": []}, openai.BadRequestError, None),
+    ],
+)
+def test_bad_requests_raise_the_sdks_matching_error(daphne_server: Any, make_key: Any, request_kwargs: dict[str, Any], exception: type, code: str | None) -> None:
+    kwargs: dict[str, Any] = {"messages": HI, **request_kwargs}
+    with pytest.raises(exception) as info:
+        sdk(daphne_server, make_key()).chat.completions.create(**kwargs)
+    assert info.value.body["message"]  # type: ignore[attr-defined]
+    if code:
+        assert info.value.code == code  # type: ignore[attr-defined]
+
+
+def test_keys_that_cannot_be_used_get_401(daphne_server: Any, make_key: Any) -> None:
+    revoked, expired = make_key(name="revoked"), make_key(name="expired", expires_at=timezone.now() - timedelta(seconds=1))
+    ApiKey.objects.get(name="revoked").revoke()
+    for key, words in [("rt-unknown", "Incorrect API key"), (revoked, "revoked"), (expired, "expired")]:
+        with pytest.raises(openai.AuthenticationError, match=words):
+            sdk(daphne_server, key).chat.completions.create(model="tiny", messages=HI)  # type: ignore[arg-type]
+    r = httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI})
+    assert r.status_code == 401 and "didn't provide an API key" in r.json()["error"]["message"]
+
+
+def test_a_key_limited_to_some_models_gets_403_for_others(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key(allowed_models=["tiny"]))
+    client.chat.completions.create(model="tiny", messages=HI, max_tokens=2)  # type: ignore[arg-type]
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model="smollm2", messages=HI)  # type: ignore[arg-type]
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_rate_limits_hold_exactly_under_parallel_requests(daphne_server: Any, make_key: Any) -> None:
+    key = make_key(requests_per_minute=5)
+
+    def call(_: int) -> httpx.Response:
+        return httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+    with ThreadPoolExecutor(12) as pool:
+        responses = list(pool.map(call, range(12)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] * 5 + [429] * 7
+    refused = next(r for r in responses if r.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.headers["x-ratelimit-limit-requests"] == "5" and refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    ok = next(r for r in responses if r.status_code == 200)
+    assert ok.headers["x-ratelimit-limit-requests"] == "5"
+
+
+def test_a_spent_token_budget_gets_429_insufficient_quota(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key(token_budget=10))
+    client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
+    assert info.value.code == "insufficient_quota"
+
+
+def test_many_streams_at_once_all_get_their_own_answer(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key())
+
+    def ask(seed: int, stream: bool) -> str:
+        kwargs: dict[str, Any] = {"model": "tiny", "messages": HI, "temperature": 1.0, "seed": seed, "max_tokens": 60}
+        if not stream:
+            return client.chat.completions.create(**kwargs).choices[0].message.content or ""
+        return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs) if c.choices)
+
+    expected = {seed: ask(seed, stream=False) for seed in range(6)}
+    with ThreadPoolExecutor(6) as pool:
+        got = dict(zip(range(6), pool.map(lambda s: ask(s, stream=True), range(6))))
+    assert got == expected
+
+
+def test_overload_gets_503_with_retry_after(daphne_server: Any, make_key: Any) -> None:
+    key = make_key()
+
+    def call(_: int) -> httpx.Response:
+        body = {"model": "smollm2", "messages": HI, "max_tokens": 20}  # the real model: slow enough to pile up
+        return httpx.post(f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(call, range(16)))
+    overloaded = [r for r in responses if r.status_code == 503]
+    assert overloaded and all(r.status_code in (200, 503) for r in responses)
+    assert overloaded[0].json()["error"]["code"] == "overloaded" and int(overloaded[0].headers["retry-after"]) >= 1
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(daphne_server: Any, make_key: Any) -> None:
+    key = make_key(concurrent_streams=1)
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60) as r:
+        request_id = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+    row = _usage(request_id)
+    assert (row.status, row.finish_reason) == (499, "cancelled")
+    assert 0 < row.completion_tokens < 400
+    reply = sdk(daphne_server, key).chat.completions.create(model="tiny", messages=HI, max_tokens=2)  # type: ignore[arg-type]
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, make_key: Any) -> None:
+    key = make_key()
+    before = UsageRecord.objects.count()
+    httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "nope", "messages": HI}, headers={"Authorization": f"Bearer {key}"})
+    httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI})
+    deadline = time.monotonic() + 5
+    while UsageRecord.objects.count() < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rows = list(UsageRecord.objects.order_by("-id")[:2])
+    assert sorted(r.status for r in rows) == [401, 404]
+    assert any(r.api_key is not None and r.error_code == "model_not_found" for r in rows)
+
+
+@pytest.mark.parametrize(
+    "content, headers, status, words",
+    [
+        (b'{"model": "tiny", "messages": [', {}, 400, "not valid JSON"),
+        (b"\xff\xfe{}", {}, 400, "not valid UTF-8"),
+        (b"[1, 2]", {}, 400, "JSON object"),
+        (json.dumps({"model": "tiny", "messages": HI, "temperature": "hot"}).encode(), {}, 400, "expected a number"),
+        (json.dumps({"model": "tiny", "messages": HI, "max_tokens": True}).encode(), {}, 400, "expected an integer"),
+        (json.dumps({"model": "tiny", "messages": HI, "banana": 1}).encode(), {}, 400, "Unrecognized request argument supplied: banana"),
+        (json.dumps({"model": "tiny", "messages": []}).encode(), {}, 400, "at least one message"),
+        (json.dumps({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(), {}, 400, "messages[0].role"),
+        (json.dumps({"model": "tiny", "messages": [{"role": "user"}]}).encode(), {}, 400, "messages[0].content"),
+        (json.dumps({"model": "tiny", "messages": HI, "n": 3}).encode(), {}, 400, "n=1"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"a" * (2 * 1024 * 1024) + b'"}]}', {}, 413, "too large"),
+    ],
+)
+def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
+    daphne_server: Any, make_key: Any, content: bytes, headers: dict[str, str], status: int, words: str
+) -> None:
+    key = make_key()
+    r = httpx.post(f"{daphne_server.api}/chat/completions", content=content, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **headers}, timeout=60)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert words in error["message"] and set(error) == {"message", "type", "param", "code"}
+    ok = httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 1}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_the_openapi_description_lists_the_endpoints(daphne_server: Any) -> None:
+    spec = httpx.get(f"{daphne_server.api}/openapi.json").json()
+    assert spec["openapi"].startswith("3.1") and {"/chat/completions", "/models", "/tokenize"} <= set(spec["paths"])
+
+
+def test_wrong_method_is_405(daphne_server: Any, make_key: Any) -> None:
+    r = httpx.get(f"{daphne_server.api}/chat/completions", headers={"Authorization": f"Bearer {make_key()}"})
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
