@@ -78,3 +78,42 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if SERVICE_SKIP_PREFIX in reason:
             report.outcome = "failed"
             report.longrepr = f"ROUNDTRIP_REQUIRE_SERVICES=1 but the test was skipped: {reason}"
+
+
+REDIS_URL = os.environ.get("ROUNDTRIP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+POSTGRES_URL = os.environ.get("ROUNDTRIP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """A reachable Redis (database 15, flushed); skipped, or failed under CI, when there is none."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        client.ping()
+    except Exception as exc:
+        pytest.skip(f"{SERVICE_SKIP_PREFIX} Redis at {REDIS_URL} is not reachable ({exc})")
+    client.flushdb()
+    return REDIS_URL
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    try:
+        admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
+    except Exception as exc:
+        pytest.skip(f"{SERVICE_SKIP_PREFIX} PostgreSQL at {POSTGRES_URL} is not reachable ({exc})")
+    name = f"roundtrip_test_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = POSTGRES_URL.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-import httpx2 as httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from servers import free_port, start, stop, wait_ready
+
 _DB_FILE = Path(tempfile.mkdtemp(prefix="roundtrip-tests-")) / "db.sqlite3"
 
 
@@ -46,16 +43,9 @@ class LiveServer:
         return self.log.read_text(errors="replace")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="session")
 def daphne_server(django_db_setup: None, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {
         **os.environ,
@@ -67,28 +57,13 @@ def daphne_server(django_db_setup: None, tiny_model_path: Path, tmp_path_factory
         "ROUNDTRIP_MAX_QUEUED": "4",
         "PYTHONUNBUFFERED": "1",
     }
-    with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    process = start(env, log, "serve", "--port", str(port))
     server = LiveServer(f"http://127.0.0.1:{port}", process, log)
-    deadline = time.monotonic() + 120
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited:\n{server.output()}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the server did not get ready in 120 s:\n{server.output()}")
-        time.sleep(0.2)
-    yield server
-    process.terminate()
     try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
+        wait_ready(server.url, [process], [log])
+        yield server
+    finally:
+        stop([process])
 
 
 @pytest.fixture

@@ -63,14 +63,26 @@ class EngineRunner:
         self._emit = emit
         self._control = control_channel
         self._max_active = max_active
-        self._inbox: queue.Queue[Job] = queue.Queue(maxsize=max_queued)
+        self._inbox: queue.Queue[Job | None] = queue.Queue(maxsize=max_queued)  # None: stop
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
+        self._stopping = False
         self._thread = threading.Thread(target=self._main, name="roundtrip-engine", daemon=True)
         self._thread.start()
 
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the engine thread (after the current step), dropping queued and active requests."""
+        self._stopping = True
+        try:
+            self._inbox.put_nowait(None)
+        except queue.Full:
+            pass  # the loop sees _stopping at its next turn
+        self._thread.join(timeout)
+
     def _main(self) -> None:
         for model_id, load in self._loaders.items():
+            if self._stopping:
+                return
             pipeline = ChatPipeline(load())
             _warm_up(pipeline)
             self.pipelines[model_id] = pipeline
@@ -104,11 +116,13 @@ class EngineRunner:
 
     def _run(self) -> None:
         active: list[Job] = []
-        while True:
+        while not self._stopping:
             while len(active) < self._max_active:
                 try:
                     job = self._inbox.get(block=not active)
                 except queue.Empty:
+                    break
+                if job is None:
                     break
                 if self._start(job):
                     active.append(job)
@@ -117,6 +131,9 @@ class EngineRunner:
                     active.remove(job)
                     with self._lock:
                         self._jobs.pop(job.request_id, None)
+        for job in active:
+            if job.stream is not None:
+                job.stream.close()
 
     def _start(self, job: Job) -> bool:
         """Validate and tokenize; reply "accepted" or an error. True when the job should run."""

@@ -103,6 +103,7 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     finally:
         for task in tasks:
             task.cancel()
+        await loop.run_in_executor(None, runner.stop)
 
 
 async def _consume_work(layer: BaseChannelLayer, route: ModelRoute, runner: EngineRunner, ready: asyncio.Event) -> None:

@@ -1,0 +1,58 @@
+"""Helpers for tests that run the site as real processes: free ports, `manage.py`, waiting for /health."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """Run a management command to completion; its stdout."""
+    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """Start a long-running management command, its output going to `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 120) -> None:
+    """Until `url`/health says every model is loaded; fails with the logs if a process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
+            pytest.fail(f"{url} did not get ready:\n" + "\n---\n".join(log.read_text(errors="replace") for log in logs))
+        time.sleep(0.2)
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -1,0 +1,105 @@
+"""The engine thread: accepts, streams, interleaves, refuses when full and stops a cancelled request."""
+
+from __future__ import annotations
+
+import queue
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from inference.loader import load_model
+from inference.sampling import SamplingParams
+from webapp.worker.protocol import params_to_dict
+from webapp.worker.runner import EngineRunner
+
+HI = [{"role": "user", "content": "the heat is on"}]
+
+
+class Replies:
+    """Collects what the runner emits, per reply channel."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.ready: queue.Queue[str] = queue.Queue()
+
+    def emit(self, channel: str, message: dict[str, Any]) -> None:
+        self.inbox.put((channel, message))
+
+    def until(self, channel: str, predicate: Any, timeout: float = 30) -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                ch, message = self.inbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if ch == channel:
+                got.append(message)
+                if predicate(message):
+                    return got
+        raise AssertionError(f"timed out; got {got[-3:]}")
+
+
+def _finished(m: dict[str, Any]) -> bool:
+    return m["type"] == "error" or (m["type"] == "event" and m["event"]["event"] == "finished")
+
+
+def _generate(request_id: str, max_tokens: int = 20, **extra: Any) -> dict[str, Any]:
+    params = params_to_dict(SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens))
+    return {"type": "generate", "request_id": request_id, "reply_to": f"reply.{request_id}", "messages": HI, "params": params, "sent_at": time.time(), **extra}
+
+
+@pytest.fixture
+def runner(tiny_model_path: Path) -> Iterator[tuple[EngineRunner, Replies]]:
+    replies = Replies()
+    engine = EngineRunner({"tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False)}, replies.ready.put, replies.emit, "control.x", max_active=2, max_queued=2)
+    assert replies.ready.get(timeout=60) == "tiny"
+    yield engine, replies
+    engine.stop()
+
+
+def test_it_streams_a_request_and_finishes(runner: tuple[EngineRunner, Replies]) -> None:
+    engine, replies = runner
+    engine.submit("tiny", _generate("a"))
+    got = replies.until("reply.a", _finished)
+    assert [m["type"] for m in got[:2]] == ["queued", "accepted"] and got[1]["control"] == "control.x"
+    finished = got[-1]["event"]
+    assert finished["completion_tokens"] == 20 and finished["timings"]["queue"] >= 0
+
+
+def test_a_bad_request_is_an_error_reply_not_a_dead_thread(runner: tuple[EngineRunner, Replies]) -> None:
+    engine, replies = runner
+    engine.submit("tiny", _generate("bad", max_tokens=10_000))
+    error = replies.until("reply.bad", _finished)[-1]
+    assert error["type"] == "error" and error["code"] == "context_length_exceeded" and error["status"] == 400
+    engine.submit("tiny", _generate("after"))
+    assert replies.until("reply.after", _finished)[-1]["type"] == "event"
+
+
+def test_a_cancelled_request_stops_within_one_token(runner: tuple[EngineRunner, Replies]) -> None:
+    engine, replies = runner
+    engine.submit("tiny", _generate("c", max_tokens=200))
+    got = replies.until("reply.c", lambda m: m["type"] == "event" and m["event"]["event"] == "sampled" and m["event"]["step"] == 3)
+    engine.cancel("c")
+    time.sleep(0.3)
+    later = []
+    while not replies.inbox.empty():
+        later.append(replies.inbox.get()[1])
+    steps = [m["event"]["step"] for m in later if m["type"] == "event" and m["event"]["event"] == "sampled"]
+    assert all(step <= 4 for step in steps)
+    assert not any(m["type"] == "event" and m["event"]["event"] == "finished" for m in later)
+    assert got[-1]["event"]["step"] == 3
+
+
+def test_requests_beyond_the_queue_get_503_at_once(runner: tuple[EngineRunner, Replies]) -> None:
+    engine, replies = runner
+    for i in range(8):
+        engine.submit("tiny", _generate(f"q{i}", max_tokens=200))
+    errors = []
+    for i in range(8):
+        first = replies.until(f"reply.q{i}", lambda m: m["type"] in ("queued", "error"))[-1]
+        if first["type"] == "error":
+            errors.append(first)
+    assert errors and all(e["status"] == 503 and e["code"] == "overloaded" and e["retry_after"] >= 1 for e in errors)
