@@ -1,0 +1,103 @@
+"""The SSE generator on its own: an error after the stream started, and a client that leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+import pytest
+from django.test import override_settings
+
+from inference.sampling import SamplingParams
+from webapp.api.schema import ChatRequest
+from webapp.api.views import _stream
+from webapp.gateway.client import Generation
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.gateway import RequestContext, record_usage
+from webapp.gateway.identity import identify_session
+from webapp.gateway.routing import ModelRoute
+from webapp.usage.models import UsageRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROUTE = ModelRoute("tiny", "", ())
+
+
+class ScriptedGeneration(Generation):
+    """A generation whose replies are scripted; `fail` raises where the worker would report an error."""
+
+    def __init__(self, events: list[dict[str, Any] | Exception]) -> None:
+        super().__init__(None, ROUTE, "chatcmpl-test", "reply.test")  # type: ignore[arg-type]
+        self.script = events
+        self.cancelled = False
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        for item in self.script:
+            if isinstance(item, Exception):
+                raise item
+            await asyncio.sleep(0)
+            yield item
+
+    async def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _request() -> ChatRequest:
+    return ChatRequest("tiny", [{"role": "user", "content": "hi"}], SamplingParams(), False, True, False, False, None)
+
+
+def _ctx() -> RequestContext:
+    ctx = RequestContext("chatcmpl-test", "chat.completions", "127.0.0.1", stream=True)
+    ctx.route = ROUTE
+    return ctx
+
+
+SAMPLED = {"event": "sampled", "is_stop": False, "token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}
+TEXT = {"event": "text", "text": "Hi"}
+
+
+def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None:
+    generation = ScriptedGeneration([SAMPLED, TEXT, GatewayError(500, "The model failed: boom", "server_error", "server_error")])
+
+    async def collect() -> list[bytes]:
+        return [part async for part in _stream(_ctx(), _request(), generation)]
+
+    parts = asyncio.run(collect())
+    assert parts[-1] == b"data: [DONE]\n\n"
+    error = json.loads(parts[-2].removeprefix(b"data: "))
+    assert error == {"error": {"message": "The model failed: boom", "type": "server_error", "param": None, "code": "server_error"}}
+    assert json.loads(parts[1].removeprefix(b"data: "))["choices"][0]["delta"] == {"content": "Hi"}
+    row = UsageRecord.objects.get(request_id="chatcmpl-test")
+    assert (row.status, row.finish_reason, row.completion_tokens) == (500, "error", 1)
+
+
+def test_a_client_that_leaves_cancels_the_generation_and_is_logged() -> None:
+    generation = ScriptedGeneration([SAMPLED, TEXT] * 50)
+
+    async def leave_early() -> None:
+        stream = _stream(_ctx(), _request(), generation)
+        await stream.__anext__()
+        await stream.__anext__()
+        await stream.aclose()  # what Django does when the client disconnects
+
+    asyncio.run(leave_early())
+    assert generation.cancelled
+    row = UsageRecord.objects.get(request_id="chatcmpl-test")
+    assert (row.status, row.finish_reason) == (499, "cancelled")
+
+
+def test_prompts_are_stored_only_when_the_setting_says_so() -> None:
+    ctx = _ctx()
+    ctx.prompt_text = "secret question"
+    assert record_usage(ctx, 200).prompt_text == ""
+    with override_settings(ROUNDTRIP_STORE_PROMPTS=True):
+        ctx.request_id = "chatcmpl-kept"
+        assert record_usage(ctx, 200).prompt_text == "secret question"
+
+
+def test_browser_visitors_get_the_configured_session_limits() -> None:
+    with override_settings(ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 3}, ROUNDTRIP_USER_LIMITS={"requests_per_minute": 30}):
+        anonymous = identify_session(None, "abc")
+        user = identify_session(7, "def")
+    assert (anonymous.kind, anonymous.bucket, anonymous.limits.requests_per_minute) == ("anonymous", "session:abc", 3)
+    assert (user.kind, user.bucket, user.limits.requests_per_minute) == ("user", "user:7", 30)
