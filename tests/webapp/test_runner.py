@@ -103,3 +103,19 @@ def test_requests_beyond_the_queue_get_503_at_once(runner: tuple[EngineRunner, R
         if first["type"] == "error":
             errors.append(first)
     assert errors and all(e["status"] == 503 and e["code"] == "overloaded" and e["retry_after"] >= 1 for e in errors)
+
+
+def test_a_model_that_fails_to_load_is_reported_and_the_others_still_load(tiny_model_path: Path, tmp_path: Path) -> None:
+    replies = Replies()
+    loaders = {
+        "broken": lambda: load_model(str(tmp_path / "missing.gguf")),
+        "tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False),
+    }
+    engine = EngineRunner(loaders, replies.ready.put, replies.emit, "control.x", max_active=1, max_queued=1)
+    try:
+        assert [replies.ready.get(timeout=60), replies.ready.get(timeout=60)] == ["broken", "tiny"]
+        assert "missing.gguf: no such file" in engine.failures["broken"]
+        engine.submit("tiny", _generate("ok", max_tokens=2))
+        assert replies.until("reply.ok", _finished)[-1]["type"] == "event"
+    finally:
+        engine.stop()

@@ -58,6 +58,7 @@ class EngineRunner:
         max_queued: int,
     ) -> None:
         self.pipelines: dict[str, ChatPipeline] = {}
+        self.failures: dict[str, str] = {}  # model id -> why it could not be loaded
         self._loaders = loaders
         self._on_ready = on_ready
         self._emit = emit
@@ -83,9 +84,14 @@ class EngineRunner:
         for model_id, load in self._loaders.items():
             if self._stopping:
                 return
-            pipeline = ChatPipeline(load())
-            _warm_up(pipeline)
-            self.pipelines[model_id] = pipeline
+            try:
+                pipeline = ChatPipeline(load())
+                _warm_up(pipeline)
+            except Exception as exc:  # a broken model file must not take the other models down
+                log.exception("model %s failed to load", model_id)
+                self.failures[model_id] = str(exc)
+            else:
+                self.pipelines[model_id] = pipeline
             self._on_ready(model_id)
         self._run()
 
@@ -126,14 +132,19 @@ class EngineRunner:
                     break
                 if self._start(job):
                     active.append(job)
+                else:
+                    self._forget(job)
             for job in list(active):
                 if not self._advance(job):
                     active.remove(job)
-                    with self._lock:
-                        self._jobs.pop(job.request_id, None)
+                    self._forget(job)
         for job in active:
             if job.stream is not None:
                 job.stream.close()
+
+    def _forget(self, job: Job) -> None:
+        with self._lock:
+            self._jobs.pop(job.request_id, None)
 
     def _start(self, job: Job) -> bool:
         """Validate and tokenize; reply "accepted" or an error. True when the job should run."""

@@ -78,7 +78,11 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
         progress = _publisher(route.id, terminal_progress() if show_progress else None)
 
         def load() -> LoadedModel:
-            loaded = load_model(route.path or None, progress=progress)
+            try:
+                loaded = load_model(route.path or None, progress=progress)
+            except Exception as exc:
+                cache.set(STATUS_KEY.format(route.id), {"state": "failed", "detail": str(exc)}, None)
+                raise
             log.info("model %s ready: %s on %s in %.2fs", route.id, loaded.path, loaded.device, loaded.load_seconds)
             return loaded
 
@@ -112,7 +116,11 @@ async def _consume_work(layer: BaseChannelLayer, route: ModelRoute, runner: Engi
     while True:
         message = await layer.receive(route.work_channel)
         try:
-            if message.get("type") == "generate":
+            if route.id in runner.failures:
+                reason = f"The model {route.id!r} could not be loaded: {runner.failures[route.id]}"
+                await layer.send(message["reply_to"], {"type": "error", "request_id": message.get("request_id"), "status": 503,
+                                                       "code": "model_unavailable", "message": reason, "param": None})
+            elif message.get("type") == "generate":
                 runner.submit(route.id, message)
             elif message.get("type") == "tokenize":
                 runner.tokenize(route.id, message)
