@@ -85,6 +85,11 @@ class Generation:
                 self.finished = event
             yield event
 
+    async def next_token(self) -> None:
+        """Step mode: let the worker produce the next token."""
+        if self.control and self.finished is None:
+            await self.layer.send(self.control, {"type": "next", "request_id": self.request_id})
+
     async def cancel(self) -> None:
         """Tell the worker to stop (the client left); harmless once it has finished."""
         if self.control and self.finished is None:
@@ -99,6 +104,7 @@ async def generate(
     request_id: str | None = None,
     truncate_history: bool = False,
     fit_max_tokens: bool = False,
+    step: bool = False,
 ) -> Generation:
     """Send a generate request to the model's workers and wait until it is accepted."""
     layer = _layer()
@@ -115,6 +121,7 @@ async def generate(
             "level": level,
             "truncate_history": truncate_history,
             "fit_max_tokens": fit_max_tokens,
+            "step": step,
             "sent_at": time.time(),
         },
     )

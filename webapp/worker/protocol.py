@@ -1,10 +1,11 @@
 """The one protocol between the web side and inference workers, over the Channels channel layer.
 
 To a model's work channel (`inference.<model id>`):
-    {"type": "generate", "request_id", "reply_to", "messages", "params", "level", "truncate_history", "sent_at"}
+    {"type": "generate", "request_id", "reply_to", "messages", "params", "level", "truncate_history", "step", "sent_at"}
     {"type": "tokenize", "request_id", "reply_to", "text"}
 To the worker's own control channel (named in its "queued" reply):
     {"type": "cancel", "request_id"}
+    {"type": "next", "request_id"}      step mode: the request pauses after each token until this arrives
 Replies, on the requester's `reply_to` channel, in order:
     {"type": "queued", "request_id", "control"}                                 the worker has it; cancel goes to `control`
     {"type": "accepted", "request_id", "control", "prompt_tokens", "queued"}   the request passed every check

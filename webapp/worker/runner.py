@@ -37,6 +37,7 @@ class Job:
     stream: Generator[TraceEvent, None, None] | None = None
     started_at: float = 0.0
     cancelled: bool = False
+    paused: bool = False  # step mode: waiting for "next" after a token
     reply_to: str = field(init=False)
     request_id: str = field(init=False)
 
@@ -68,12 +69,14 @@ class EngineRunner:
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._stopping = False
+        self._wake = threading.Event()  # something changed: a new job, a cancel, a "next"
         self._thread = threading.Thread(target=self._main, name="roundtrip-engine", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         """End the engine thread (after the current step), dropping queued and active requests."""
         self._stopping = True
+        self._wake.set()
         try:
             self._inbox.put_nowait(None)
         except queue.Full:
@@ -106,6 +109,7 @@ class EngineRunner:
             return
         with self._lock:
             self._jobs[job.request_id] = job
+        self._wake.set()
         self._emit(job.reply_to, {"type": "queued", "request_id": job.request_id, "control": self._control})
 
     def cancel(self, request_id: str) -> None:
@@ -114,6 +118,15 @@ class EngineRunner:
             job = self._jobs.get(request_id)
         if job is not None:
             job.cancelled = True
+            self._wake.set()
+
+    def next_token(self, request_id: str) -> None:
+        """Step mode: let a paused request produce its next token."""
+        with self._lock:
+            job = self._jobs.get(request_id)
+        if job is not None:
+            job.paused = False
+            self._wake.set()
 
     def tokenize(self, model_id: str, message: dict[str, Any]) -> None:
         """Answer at once, from the calling thread: the tokenizer needs no torch."""
@@ -134,7 +147,12 @@ class EngineRunner:
                     active.append(job)
                 else:
                     self._forget(job)
+            if active and all(job.paused and not job.cancelled for job in active):
+                self._wake.wait(1.0)  # every active request waits for its student: sleep, do not spin
+            self._wake.clear()
             for job in list(active):
+                if job.paused and not job.cancelled:
+                    continue
                 if not self._advance(job):
                     active.remove(job)
                     self._forget(job)
@@ -160,7 +178,10 @@ class EngineRunner:
                 received_at=job.received_at,
                 fit_max_tokens=bool(msg.get("fit_max_tokens")),
             )
-            job.stream = pipeline.stream(prepared, TraceLevel(msg.get("level", "off")))
+            level = TraceLevel(msg.get("level", "off"))
+            if msg.get("step") and level == TraceLevel.OFF:
+                level = TraceLevel.SUMMARY  # step mode pauses on "text" events, which only traced levels send for every token
+            job.stream = pipeline.stream(prepared, level)
         except Exception as exc:  # every failure becomes an error reply, never a dead worker
             self._emit(job.reply_to, error_reply(job.request_id, exc))
             return False
@@ -188,6 +209,8 @@ class EngineRunner:
         if isinstance(event, Finished):
             data["timings"]["queue"] = job.started_at - job.received_at
         self._emit(job.reply_to, {"type": "event", "request_id": job.request_id, "event": data})
+        if data["event"] == "text" and job.message.get("step"):
+            job.paused = True
         return not isinstance(event, Finished)
 
 

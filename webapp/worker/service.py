@@ -135,3 +135,5 @@ async def _consume_control(layer: BaseChannelLayer, channel: str, runner: Engine
         message = await layer.receive(channel)
         if message.get("type") == "cancel":
             runner.cancel(str(message.get("request_id", "")))
+        elif message.get("type") == "next":
+            runner.next_token(str(message.get("request_id", "")))
