@@ -7,6 +7,7 @@ only dicts, lists, str, int, float, bool and None, so msgpack (Redis) and JSON b
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from typing import Any
 
@@ -14,6 +15,11 @@ import numpy as np
 
 from inference.tokenizer import BPETokenizer
 from inference.trace import ContextBuilt, Finished, ForwardStep, Sampled, TextDelta, Tokenized, TraceEvent
+
+# Full-level attention travels as 8-bit rows (each scaled to its own maximum), over at most this many
+# cached positions: the first few (attention sinks) and the most recent. ~140 kB per token at most.
+ATTENTION_BUDGET_POSITIONS = 512
+ATTENTION_SINK_POSITIONS = 16
 
 EVENT_TYPES: dict[type, str] = {
     Tokenized: "tokenized",
@@ -41,13 +47,39 @@ def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
                 candidate["token"] = text(candidate["token_id"])
     elif isinstance(event, TextDelta):
         data["token"] = text(event.token_id) if event.token_id >= 0 else ""
-    elif isinstance(event, ForwardStep) and data["detail"] is not None:
-        data["detail"]["logit_lens"] = [{"id": i, "token": text(i), "prob": p} for i, p in event.detail.logit_lens]  # type: ignore[union-attr]
+    elif isinstance(event, ForwardStep) and event.detail is not None:
+        data["detail"]["logit_lens"] = [{"id": i, "token": text(i), "prob": p} for i, p in event.detail.logit_lens]
+        data["detail"]["attention"] = attention_to_dict(event.detail.attention)
     elif isinstance(event, Finished):
         t = event.timings
         data["timings"]["mean_itl"] = t.mean_itl
         data["timings"]["decode_tokens_per_s"] = t.decode_tokens_per_s
     return data
+
+
+def attention_to_dict(attention: np.ndarray) -> dict[str, Any]:
+    """[layers, heads, positions] weights as base64 uint8 rows within the position budget.
+
+    Each row is scaled to its own maximum (`row_max`): weight = byte / 255 * row_max.
+    `positions` lists which cached positions the columns are.
+    """
+    layers, heads, length = attention.shape
+    if length > ATTENTION_BUDGET_POSITIONS:
+        recent = ATTENTION_BUDGET_POSITIONS - ATTENTION_SINK_POSITIONS
+        positions = list(range(ATTENTION_SINK_POSITIONS)) + list(range(length - recent, length))
+        attention = attention[:, :, positions]
+    else:
+        positions = list(range(length))
+    weights = attention.astype(np.float32)
+    row_max = np.maximum(weights.max(axis=-1, keepdims=True), 1e-12)
+    quantized = np.rint(weights / row_max * 255).astype(np.uint8)
+    return {
+        "shape": [layers, heads, len(positions)],
+        "kv_length": length,
+        "positions": positions,
+        "row_max": np.round(row_max[..., 0].astype(np.float64), 5).tolist(),
+        "data": base64.b64encode(quantized.tobytes()).decode("ascii"),
+    }
 
 
 def _plain(value: Any) -> Any:

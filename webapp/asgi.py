@@ -11,14 +11,15 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from webapp.worker.inprocess import StartWorkerMiddleware  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-websocket_urlpatterns: list = []  # the visualizer's consumers arrive with the pipeline page
+from visualizer.routing import websocket_urlpatterns  # noqa: E402
+from webapp.worker.inprocess import StartWorkerMiddleware  # noqa: E402
 
 application = StartWorkerMiddleware(
     ProtocolTypeRouter(
         {
-            "http": django_asgi_app,
+            "http": ASGIStaticFilesHandler(django_asgi_app),
             "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }
     )

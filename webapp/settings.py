@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "webapp.usage",
     "webapp.worker",
     "webapp.api",
+    "visualizer",
 ]
 
 MIDDLEWARE = [

@@ -25,6 +25,7 @@ from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
 from webapp.gateway.identity import Identity, identify_key
 from webapp.gateway.routing import configured_models, resolve
+from webapp.gateway.watch import anyone_watching, publish
 from webapp.worker.service import model_status
 
 
@@ -78,11 +79,22 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     return await _complete(ctx, body, generation)
 
 
+async def _events(ctx: RequestContext, generation: client.Generation) -> AsyncIterator[dict[str, Any]]:
+    """The generation's events, also shown to staff on the watch page while anyone is watching."""
+    watched = await anyone_watching()
+    if watched:
+        await publish({"type": "request", "request_id": ctx.request_id, "source": ctx.identity.label if ctx.identity else "", "model": ctx.route.id if ctx.route else ""})
+    async for event in generation.events():
+        if watched:
+            await publish({"type": "trace", "request_id": ctx.request_id, "event": event})
+        yield event
+
+
 async def _complete(ctx: RequestContext, body: ChatRequest, generation: client.Generation) -> HttpResponse:
     assembler = Assembler(body.logprobs, generation.accepted.get("prompt_tokens", 0))
     status, error_code = 200, ""
     try:
-        async for event in generation.events():
+        async for event in _events(ctx, generation):
             assembler.feed(event)
         result = completion(ctx, int(time.time()), assembler)
         return JsonResponse(result, headers={**ctx.headers(), "x-roundtrip-timings": json.dumps(result["roundtrip_timings"])})
@@ -113,7 +125,7 @@ async def _stream(ctx: RequestContext, body: ChatRequest, generation: client.Gen
     started = False
     try:
         try:
-            async for event in generation.events():
+            async for event in _events(ctx, generation):
                 piece = assembler.feed(event)
                 if piece is None:
                     continue

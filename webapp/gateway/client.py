@@ -60,6 +60,7 @@ class Generation:
         self.control: str | None = None
         self.accepted: dict[str, Any] = {}
         self.finished: dict[str, Any] | None = None
+        self.cancelled = False
         self.sent_at = time.perf_counter()
 
     async def start(self) -> dict[str, Any]:
@@ -74,10 +75,13 @@ class Generation:
                 return message
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Trace events until "finished"; an error reply mid-stream raises GatewayError."""
+        """Trace events until "finished" (or the worker confirms a cancel); an error reply mid-stream raises GatewayError."""
         while self.finished is None:
             message = await _receive(self.layer, self.reply_to)
             _raise_for(message)
+            if message.get("type") == "cancelled":
+                self.cancelled = True
+                return
             if message.get("type") != "event":
                 continue
             event: dict[str, Any] = message["event"]
@@ -91,8 +95,8 @@ class Generation:
             await self.layer.send(self.control, {"type": "next", "request_id": self.request_id})
 
     async def cancel(self) -> None:
-        """Tell the worker to stop (the client left); harmless once it has finished."""
-        if self.control and self.finished is None:
+        """Tell the worker to stop (the client left or asked); harmless once it has finished."""
+        if self.control and self.finished is None and not self.cancelled:
             await self.layer.send(self.control, {"type": "cancel", "request_id": self.request_id})
 
 

@@ -11,8 +11,9 @@ Replies, on the requester's `reply_to` channel, in order:
     {"type": "accepted", "request_id", "control", "prompt_tokens", "queued"}   the request passed every check
     {"type": "event", "request_id", "event": {...}}                              one trace event (inference.trace_json)
     {"type": "error", "request_id", "status", "message", "code", "param"}      before or instead of the end
+    {"type": "cancelled", "request_id"}                                          the end of a cancelled request
     {"type": "tokens", "request_id", "ids", "tokens", "spans"}                 the answer to "tokenize"
-A stream ends with the "finished" event or an "error". `sent_at` is wall-clock seconds, so
+A stream ends with the "finished" event, an "error" or "cancelled". `sent_at` is wall-clock seconds, so
 the worker can tell how long the message waited in the channel, even across machines.
 """
 

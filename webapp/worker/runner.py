@@ -196,6 +196,7 @@ class EngineRunner:
         assert job.stream is not None
         if job.cancelled:
             job.stream.close()
+            self._emit(job.reply_to, {"type": "cancelled", "request_id": job.request_id})
             return False
         try:
             event = next(job.stream)

@@ -1,0 +1,164 @@
+"""The pipeline socket's protocol, driven with Channels' WebsocketCommunicator against a real worker (tiny model)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+import pytest
+from channels.auth import AuthMiddlewareStack
+from channels.layers import channel_layers
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
+
+from visualizer.models import Conversation
+from visualizer.routing import websocket_urlpatterns
+from webapp.gateway.routing import ModelRoute
+from webapp.usage.models import UsageRecord
+from webapp.worker.service import serve
+
+pytestmark = pytest.mark.django_db(transaction=True)
+APP = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+CHAT = {"type": "chat", "model": "tiny", "messages": [{"role": "user", "content": "the heat is on"}], "params": {"temperature": 0, "max_tokens": 4}}
+
+
+@pytest.fixture
+def with_worker(tiny_model_path: Path) -> Iterator[Callable[[Callable[[WebsocketCommunicator], Awaitable[None]]], None]]:
+    """Run a test body against a connected socket, with an in-process worker serving the tiny model."""
+    models = [{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]
+
+    def run(body: Callable[[WebsocketCommunicator], Awaitable[None]]) -> None:
+        async def main() -> None:
+            channel_layers.backends = {}  # a fresh in-memory layer for this event loop
+            worker = asyncio.create_task(serve([ModelRoute("tiny", str(tiny_model_path), ())], show_progress=False))
+            communicator = WebsocketCommunicator(APP, "/ws/pipeline/")
+            connected, _ = await communicator.connect()
+            assert connected
+            assert (await communicator.receive_json_from())["type"] == "hello"
+            try:
+                await body(communicator)
+            finally:
+                await communicator.disconnect()
+                worker.cancel()
+                await asyncio.gather(worker, return_exceptions=True)
+
+        with override_settings(ROUNDTRIP_MODELS=models, ROUNDTRIP_ANONYMOUS_LIMITS={}):
+            asyncio.run(main())
+
+    yield run
+
+
+async def _until(communicator: WebsocketCommunicator, kind: str, timeout: float = 30) -> list[dict[str, Any]]:
+    frames = []
+    while True:
+        frame = await communicator.receive_json_from(timeout=timeout)
+        frames.append(frame)
+        if frame["type"] == kind:
+            return frames
+
+
+def test_a_turn_sends_every_stage_in_order(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to(CHAT)
+        frames = await _until(ws, "done")
+        kinds = [f["type"] for f in frames]
+        assert kinds[:3] == ["request", "gateway", "accepted"] and kinds[-2:] == ["usage", "done"]
+        events = [f["event"]["event"] for f in frames if f["type"] == "trace"]
+        assert events[:3] == ["tokenized", "context", "forward"] and events[-1] == "finished"
+        gateway = frames[1]
+        assert [s["name"] for s in gateway["stages"]] == ["authenticate", "rate_limit", "route"] and gateway["model"] == "tiny"
+        finished = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "finished")
+        sampled = [f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "sampled"]
+        assert len(sampled) == 4 and all(s["detail"]["candidates"] for s in sampled)
+        assert frames[-2]["record"]["completion_tokens"] == finished["completion_tokens"] == 4
+
+    with_worker(body)
+    assert UsageRecord.objects.get(endpoint="ws.chat").status == 200
+    assert Conversation.objects.get().history()[0] == {"role": "user", "content": "the heat is on"}
+
+
+def test_full_level_sends_bounded_attention(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({**CHAT, "level": "full"})
+        frames = await _until(ws, "done")
+        forward = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "forward")
+        attention = forward["detail"]["attention"]
+        assert attention["shape"][:2] == [2, 4] and attention["shape"][2] == forward["kv_length"]
+        assert len(forward["detail"]["logit_lens"]) == 2 and len(forward["detail"]["residual_norms"]) == 3
+
+    with_worker(body)
+
+
+def test_step_mode_sends_one_token_per_next(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({**CHAT, "step": True})
+        frames = await _until(ws, "trace")
+        while not (frames[-1]["type"] == "trace" and frames[-1]["event"]["event"] == "text"):
+            frames.append(await ws.receive_json_from(timeout=10))
+        assert await ws.receive_nothing(timeout=0.3)
+        await ws.send_json_to({"type": "next"})
+        frame = await ws.receive_json_from(timeout=10)
+        while not (frame["type"] == "trace" and frame["event"]["event"] == "text"):
+            frame = await ws.receive_json_from(timeout=10)
+        assert frame["event"]["step"] == 2
+        assert await ws.receive_nothing(timeout=0.3)
+        await ws.send_json_to({"type": "cancel"})
+        frames = await _until(ws, "done")
+        assert frames[-2]["type"] == "usage" and frames[-2]["record"]["finish_reason"] == "cancelled"
+
+    with_worker(body)
+
+
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        ("not json", "bad_message"),
+        ("[1, 2]", "bad_message"),
+        (json.dumps({"type": "dance"}), "unknown_type"),
+        (json.dumps({"type": "chat", "text": "x" * 70000}), "frame_too_large"),
+    ],
+)
+def test_malformed_frames_get_an_error_frame_and_the_socket_stays_open(with_worker: Any, raw: str, code: str) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_to(text_data=raw)
+        frame = await ws.receive_json_from()
+        assert frame["type"] == "error" and frame["code"] == code
+        await ws.send_json_to({"type": "ping"})
+        assert (await ws.receive_json_from())["type"] == "pong"
+
+    with_worker(body)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"messages": []}, "at least one message"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"model": "nope"}, "does not exist"),
+        ({"params": {"temperature": 9}}, "temperature"),
+        ({"level": "everything"}, "level"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_chat_frames_get_the_gateways_error(with_worker: Any, change: dict[str, Any], words: str) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({**CHAT, **change})
+        frames = await _until(ws, "done")
+        error = next(f for f in frames if f["type"] == "error")
+        assert words in error["message"]
+        assert frames[-2]["type"] == "usage" and frames[-2]["record"]["status"] in (400, 404)
+
+    with_worker(body)
+
+
+def test_model_text_stays_text_in_frames(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({**CHAT, "messages": [{"role": "user", "content": "<img src=x onerror=alert(1)>"}]})
+        frames = await _until(ws, "done")
+        tokenized = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "tokenized")
+        assert "<img src=x onerror=alert(1)>" in tokenized["text"]
+
+    with_worker(body)

@@ -1,0 +1,1 @@
+"""The live part: WebSocket consumers, the chat page and the animated pipeline."""

@@ -1,0 +1,121 @@
+"""WebSocket consumers: they only receive, call and forward.
+
+`PipelineConsumer` (ws/pipeline/) runs one chat turn at a time for the page and forwards
+its frames (see `visualizer.runs`); `WatchConsumer` (ws/watch/) lets staff watch API
+requests from other clients go through the pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from visualizer.runs import Run, Visitor
+from webapp.gateway.watch import WATCH_GROUP, watcher_joined, watcher_left
+
+MAX_FRAME_BYTES = 64 * 1024
+
+
+class FrameConsumer(AsyncWebsocketConsumer):
+    """JSON frames in and out; anything malformed gets an error frame, never a crash."""
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(frame, ensure_ascii=False, separators=(",", ":")))
+
+    async def error(self, message: str, code: str = "bad_message") -> None:
+        await self.send_frame({"type": "error", "status": 400, "code": code, "message": message, "param": None})
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None:
+            await self.error("Frames must be JSON text, not binary.")
+            return
+        if len(text_data.encode()) > MAX_FRAME_BYTES:
+            await self.error(f"Frame too large: at most {MAX_FRAME_BYTES} bytes.", "frame_too_large")
+            return
+        try:
+            frame = json.loads(text_data)
+        except json.JSONDecodeError as exc:
+            await self.error(f"Frame is not valid JSON: {exc.msg}.")
+            return
+        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            await self.error("Frame must be a JSON object with a 'type'.")
+            return
+        await self.receive_frame(frame)
+
+    async def receive_frame(self, frame: dict[str, Any]) -> None:
+        """Subclasses handle their frame types; this answers the rest."""
+        await self.error(f"Unknown frame type {frame['type']!r}.", "unknown_type")
+
+
+class PipelineConsumer(FrameConsumer):
+    run: Run | None = None
+    task: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self.send_frame({"type": "hello"})
+
+    async def disconnect(self, code: int) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def receive_frame(self, frame: dict[str, Any]) -> None:
+        kind = frame["type"]
+        if kind == "chat":
+            if self.task is not None and not self.task.done():
+                await self.error("A turn is already running on this connection; wait for it or cancel it.", "busy")
+                return
+            self.run = Run(self._visitor(), frame)
+            self.task = asyncio.create_task(self._forward(self.run))
+        elif kind == "next" and self.run is not None:
+            await self.run.next_token()
+        elif kind == "cancel" and self.run is not None:
+            await self.run.cancel()
+        elif kind == "ping":
+            await self.send_frame({"type": "pong"})
+        elif kind not in ("next", "cancel"):
+            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel or ping.", "unknown_type")
+
+    async def _forward(self, run: Run) -> None:
+        async for frame in run.frames():
+            await self.send_frame(frame)
+
+    def _visitor(self) -> Visitor:
+        user = self.scope.get("user")
+        session = self.scope.get("session")
+        client = self.scope.get("client") or ["", 0]
+        session_key = getattr(session, "session_key", None) or f"ip:{client[0]}"
+        user_id = user.pk if user is not None and user.is_authenticated else None
+        return Visitor(user_id, session_key, client[0] or None)
+
+
+class WatchConsumer(FrameConsumer):
+    """Staff only: frames of every API request, as they happen."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_staff:
+            await self.close(code=4403)
+            return
+        await self.channel_layer.group_add(WATCH_GROUP, self.channel_name)
+        await watcher_joined()
+        await self.accept()
+        await self.send_frame({"type": "hello", "watching": True})
+
+    async def disconnect(self, code: int) -> None:
+        user = self.scope.get("user")
+        if user is not None and user.is_staff:
+            await self.channel_layer.group_discard(WATCH_GROUP, self.channel_name)
+            await watcher_left()
+
+    async def receive_frame(self, frame: dict[str, Any]) -> None:
+        if frame["type"] == "ping":
+            await self.send_frame({"type": "pong"})
+        else:
+            await self.error("The watch socket only listens.", "read_only")
+
+    async def watch_frame(self, message: dict[str, Any]) -> None:
+        await self.send_frame(message["frame"])
