@@ -4,8 +4,8 @@ from django.urls import include, path
 from webapp import views
 
 urlpatterns = [
-    path("", views.home, name="home"),
     path("health", views.health, name="health"),
     path("admin/", admin.site.urls),
     path("v1/", include("webapp.api.urls")),
+    path("", include("visualizer.urls")),
 ]

@@ -1,14 +1,9 @@
-"""Pages of the site. The chat page and the pipeline arrive with the visualizer; this is the front door."""
+"""Site-wide endpoints that belong to no app: the health check."""
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.http import HttpRequest, JsonResponse
 
 from webapp.gateway.routing import configured_models
 from webapp.worker.service import model_status
-
-
-def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html")
 
 
 def health(request: HttpRequest) -> JsonResponse:

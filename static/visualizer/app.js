@@ -1,0 +1,201 @@
+// The chat page: composes requests, talks to the pipeline socket, keeps conversations, records and replays runs.
+import { el } from "./dom.js";
+import { Player } from "./player.js";
+import { drawRun, tokenDetail } from "./render.js";
+import { Run } from "./run.js";
+import { PipelineSocket } from "./socket.js";
+
+const $ = (id) => document.getElementById(id);
+const state = { run: null, lastRun: null, imported: null, conversation: null, history: [], bubble: null };
+
+const player = new Player((run) => {
+  drawRun(run);
+  drawBubble(run);
+  finishIfDone(run);
+});
+
+const socket = new PipelineSocket("/ws/pipeline/", {
+  onFrame(frame, at) {
+    if (frame.type === "hello" || frame.type === "pong") return;
+    if (!state.run) {
+      if (frame.type === "error") showError(frame.message);
+      return;
+    }
+    player.push(state.run, frame, at);
+  },
+  onStatus(status) {
+    const line = $("socket-status");
+    line.className = `status ${status}`;
+    line.textContent = { connected: "connected", reconnected: "reconnected", reconnecting: "connection lost — reconnecting…" }[status];
+    if (status === "reconnecting" && state.run && !state.run.done) {
+      state.run.done = true;
+      showError("The connection dropped during this answer; it was stopped. Send again when reconnected.");
+      setBusy(false);
+    }
+  },
+});
+
+function speed() {
+  return document.querySelector('input[name="speed"]:checked').value;
+}
+
+function params() {
+  const out = {};
+  for (const name of ["temperature", "top_p", "top_k", "max_tokens", "seed"]) {
+    const raw = $(name).value.trim();
+    if (raw !== "") out[name] = Number(raw);
+  }
+  return out;
+}
+
+function showError(message) {
+  const box = $("chat-error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("cancel").disabled = !busy;
+  $("next").disabled = !(busy && speed() === "step");
+}
+
+function addBubble(role, text) {
+  const bubble = el("div", { class: `bubble ${role}` });
+  bubble.append(el("span", { class: "role" }, role === "user" ? "you" : "assistant"), el("div", { class: "text" }, text));
+  $("bubbles").append(bubble);
+  bubble.scrollIntoView({ block: "end" });
+  return bubble;
+}
+
+// The answer as clickable tokens: each opens its full trace.
+function drawBubble(run) {
+  if (!state.bubble || state.bubble.run !== run) return;
+  const text = state.bubble.node.querySelector(".text");
+  for (let n = text.childElementCount + 1; n <= run.lastStep; n++) {
+    const step = run.steps.get(n);
+    if (!step?.text && !(run.finished && step?.sampled)) return;
+    const piece = step.text ? step.text.text : "";
+    text.append(el("span", { class: "tok", "data-step": String(n), title: `token ${n}` }, piece));
+  }
+  if (run.finished && run.finished.text !== run.text) text.append(el("span", {}, run.finished.text.slice(run.text.length)));
+}
+
+function finishIfDone(run) {
+  if (!run.done || run.finishedHandled) return;
+  run.finishedHandled = true;
+  setBusy(false);
+  $("export-run").disabled = false;
+  state.lastRun = run;
+  if (run.error) showError(`${run.error.message}`);
+  if (run.finished && run === state.run) {
+    state.history.push({ role: "user", content: run.request.messages.at(-1).content }, { role: "assistant", content: run.finished.text });
+    const done = run.frames.find(({ frame }) => frame.type === "done");
+    if (done?.frame.conversation) state.conversation = done.frame.conversation;
+    htmx.trigger(document.body, "conversation-saved");
+  }
+}
+
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const prompt = $("prompt").value;
+  if (!prompt.trim() || (state.run && !state.run.done)) return;
+  showError("");
+  const system = $("system").value.trim();
+  const messages = [...(system ? [{ role: "system", content: system }] : []), ...state.history, { role: "user", content: prompt }];
+  const request = {
+    type: "chat",
+    model: $("model").value,
+    messages,
+    params: params(),
+    level: $("level").value,
+    step: speed() === "step",
+    conversation: state.conversation,
+  };
+  player.speed = speed() === "slow" ? "slow" : "live";
+  const run = new Run(request);
+  run.sentAt = performance.now();
+  if (!socket.send(request)) {
+    showError("Not connected to the server yet; try again in a moment.");
+    return;
+  }
+  state.run = run;
+  addBubble("user", prompt);
+  state.bubble = { run, node: addBubble("assistant", "") };
+  $("prompt").value = "";
+  setBusy(true);
+  drawRun(run);
+});
+
+$("prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+$("next").addEventListener("click", () => socket.send({ type: "next" }));
+$("cancel").addEventListener("click", () => socket.send({ type: "cancel" }));
+document.querySelectorAll('input[name="speed"]').forEach((r) => r.addEventListener("change", () => setBusy(state.run && !state.run.done)));
+
+$("bubbles").addEventListener("click", (event) => {
+  const token = event.target.closest(".tok");
+  const run = state.bubble?.run ?? state.lastRun;
+  if (!token || !run) return;
+  $("token-detail").replaceChildren(tokenDetail(run, Number(token.dataset.step)));
+  $("token-dialog").showModal();
+});
+
+$("new-conversation").addEventListener("click", () => {
+  state.conversation = null;
+  state.history = [];
+  $("bubbles").replaceChildren();
+  showError("");
+});
+
+// A conversation picked in the list (an htmx partial) brings its history back in.
+document.body.addEventListener("htmx:afterSwap", (event) => {
+  if (event.target.id !== "history-loader") return;
+  const history = JSON.parse(document.getElementById("loaded-history").textContent);
+  const meta = document.getElementById("loaded-conversation");
+  state.conversation = Number(meta.dataset.id);
+  state.history = history;
+  $("system").value = meta.dataset.system;
+  $("bubbles").replaceChildren();
+  for (const m of history) addBubble(m.role, m.content);
+});
+
+$("export-run").addEventListener("click", () => {
+  const run = state.lastRun;
+  if (!run) return;
+  const blob = new Blob([JSON.stringify(run.toJSON(), null, 1)], { type: "application/json" });
+  const link = el("a", { href: URL.createObjectURL(blob), download: `roundtrip-run-${Date.now()}.json` });
+  document.body.append(link);
+  link.click();
+  link.remove();
+});
+
+$("import-run").addEventListener("change", async (event) => {
+  const file = event.target.files[0];
+  if (!file) return;
+  try {
+    const data = JSON.parse(await file.text());
+    if (data.format !== "roundtrip-run" || !Array.isArray(data.frames)) throw new Error("not a Roundtrip run");
+    state.imported = data;
+    $("replay-run").disabled = false;
+    showError("");
+  } catch (error) {
+    showError(`Could not import ${file.name}: ${error.message}.`);
+  }
+});
+
+$("replay-run").addEventListener("click", () => {
+  const recorded = state.imported ?? state.lastRun?.toJSON();
+  if (!recorded) return;
+  const run = new Run(recorded.request);
+  run.replay = true;
+  state.run = run;
+  addBubble("user", `(replay) ${recorded.request.messages.at(-1).content}`);
+  state.bubble = { run, node: addBubble("assistant", "") };
+  player.speed = speed() === "slow" ? "slow" : "live";
+  player.replay(run, recorded);
+});

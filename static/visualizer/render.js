@@ -1,0 +1,277 @@
+// Draws every stage from a Run. Called on animation frames with the latest state.
+import { clock, el, field, hex, light, ms, visible } from "./dom.js";
+import { decodeAttention, drawLayer, drawOverview } from "./heatmap.js";
+import { ItlChart, NormChart } from "./charts.js";
+
+const SEGMENT_LABELS = { system: "system prompt", history: "earlier turns", message: "your message", markup: "template markup" };
+let itlChart = null;
+let normChart = null;
+const drawn = { run: null, forwards: 0, step: 0, frames: 0 };
+
+export function resetStages() {
+  document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active", "pulse"));
+  document.querySelectorAll(".stage [data-field]").forEach((node) => {
+    if (node.tagName === "METER") node.value = 0;
+    else if (node.tagName === "CANVAS") node.getContext("2d").clearRect(0, 0, node.width, node.height);
+    else if (node.tagName !== "INPUT" && !node.classList.contains("chart")) node.replaceChildren();
+  });
+  document.querySelectorAll(".stage .clock").forEach((c) => (c.textContent = ""));
+  document.querySelector('#stage-forward [data-box="full"]').hidden = true;
+  Object.assign(drawn, { run: null, forwards: 0, step: 0, frames: 0 });
+}
+
+export function drawRun(run) {
+  if (drawn.run !== run) {
+    resetStages();
+    drawn.run = run;
+    drawRequest(run);
+  }
+  if (run.gateway) drawGateway(run);
+  if (run.tokenized && run.context) {
+    drawTokens(run);
+    drawContext(run);
+  }
+  if (run.forwards.length !== drawn.forwards) drawForward(run);
+  if (run.lastStep !== drawn.step) {
+    drawSampling(run);
+    drawDetok(run);
+  }
+  if (run.frames.length !== drawn.frames) drawStream(run);
+  drawLatency(run);
+  drawn.forwards = run.forwards.length;
+  drawn.step = run.lastStep;
+  drawn.frames = run.frames.length;
+}
+
+function drawRequest(run) {
+  light("request");
+  field("request", "json").textContent = JSON.stringify(run.request, null, 2);
+  clock("request", new Date().toLocaleTimeString());
+}
+
+function drawGateway(run) {
+  const g = run.gateway;
+  const checks = field("gateway", "checks");
+  if (!checks.childElementCount) {
+    light("gateway");
+    for (const stage of g.stages) checks.append(el("li", {}, `${stage.name} — ${ms(stage.ms)}${stage.detail.who ? ` (${stage.detail.who})` : ""}`));
+    const total = g.stages.reduce((sum, s) => sum + s.ms, 0);
+    clock("gateway", ms(total));
+    const limit = g.limits.requests_per_minute;
+    const meter = field("gateway", "rate");
+    const after = g.rate.requests_after ?? 0;
+    meter.max = limit || 1;
+    meter.value = limit ? after : 0;
+    field("gateway", "rate-text").textContent = limit ? `${g.rate.requests_before ?? 0} → ${after} of ${limit}` : "unlimited";
+    field("gateway", "route").textContent = `routed to ${g.model} on channel ${g.channel}`;
+  }
+  if (run.usage && !field("gateway", "usage").textContent) {
+    const r = run.usage.record;
+    field("gateway", "usage").textContent =
+      `usage log #${r.id}: ${r.status} ${r.finish_reason}, ${r.prompt_tokens} + ${r.completion_tokens} tokens, TTFT ${ms(r.ttft_ms)}, total ${ms(r.total_ms)}`;
+  }
+}
+
+function drawTokens(run) {
+  const chips = field("tokens", "chips");
+  if (chips.childElementCount) return;
+  light("tokens");
+  const message = run.context.segments.find((s) => s.kind === "message") ?? { token_start: 0, token_end: run.tokenized.ids.length };
+  const { ids, tokens } = run.tokenized;
+  for (let i = message.token_start; i < message.token_end; i++) {
+    const special = tokens[i].startsWith("<|") && tokens[i].endsWith("|>");
+    const bytes = Array.from(new TextEncoder().encode(tokens[i]));
+    chips.append(
+      el("span", { class: `chip c${i % 6}${special ? " special" : ""}`, title: `id ${ids[i]} · bytes ${hex(bytes)}`, "data-id": String(ids[i]) },
+        visible(tokens[i])),
+    );
+  }
+  const count = message.token_end - message.token_start;
+  field("tokens", "count").textContent = `${count} tokens in your message · ${ids.length} in the whole prompt`;
+  clock("tokens", ms(run.tokenized.duration * 1000));
+}
+
+function drawContext(run) {
+  const segments = field("context", "segments");
+  if (segments.childElementCount) return;
+  light("context");
+  const c = run.context;
+  for (const s of c.segments) {
+    const n = s.token_end - s.token_start;
+    const block = el("div", { class: `segment ${s.kind}`, title: `${SEGMENT_LABELS[s.kind]}: positions ${s.token_start}–${s.token_end - 1}`, style: `flex-grow:${n}` });
+    block.append(el("span", {}, `${SEGMENT_LABELS[s.kind]} (${n})`));
+    segments.append(block);
+  }
+  const used = (c.prompt_tokens / c.context_length) * 100;
+  const reserved = (c.max_tokens / c.context_length) * 100;
+  const fill = field("context", "fill");
+  fill.replaceChildren(el("div", { class: "used", style: `width:${Math.max(used, 0.5)}%` }), el("div", { class: "reserved", style: `width:${reserved}%` }));
+  field("context", "fill-text").textContent =
+    `${c.prompt_tokens} prompt tokens + up to ${c.max_tokens} for the answer, of ${c.context_length}` +
+    (c.dropped_messages ? ` · ${c.dropped_messages} earlier messages left out` : "");
+}
+
+function drawForward(run) {
+  const f = run.lastForward;
+  light("forward");
+  clock("forward", ms(f.duration * 1000));
+  field("forward", "step").textContent =
+    f.phase === "prefill"
+      ? `prefill: ${f.n_tokens} tokens through every layer in one pass`
+      : `decode step ${f.step}: 1 token at position ${f.position}, reading ${f.kv_length - 1} cached positions`;
+  const layers = field("forward", "layers");
+  const count = f.detail ? f.detail.residual_norms.length - 1 : (run.gateway?.layers ?? 30);
+  if (layers.childElementCount !== count) layers.replaceChildren(...Array.from({ length: count }, (_, i) => el("span", { class: "layer", title: `layer ${i}` })));
+  layers.classList.toggle("prefill", f.phase === "prefill");
+  layers.classList.remove("sweep");
+  void layers.offsetWidth;
+  layers.classList.add("sweep");
+  const contextLength = run.context?.context_length ?? f.kv_length;
+  field("forward", "kv").style.width = `${Math.min(100, (f.kv_length / contextLength) * 100)}%`;
+  field("forward", "kv-text").textContent = `${f.kv_length} positions cached`;
+  if (f.detail) drawFull(run, f.detail);
+}
+
+function drawFull(run, detail) {
+  document.querySelector('#stage-forward [data-box="full"]').hidden = false;
+  const attention = detail.attention;
+  const bytes = decodeAttention(attention);
+  const pick = field("forward", "layer-pick");
+  pick.max = String(attention.shape[0] - 1);
+  const groupSize = attention.shape[1] / (run.gateway?.kv_heads ?? 3);
+  const paint = () => {
+    const layer = Number(pick.value);
+    field("forward", "layer-label").textContent = `${layer} of ${attention.shape[0] - 1} · ${attention.shape[1]} heads over ${attention.shape[2]} positions`;
+    drawLayer(field("forward", "heatmap"), attention, bytes, layer, Number.isInteger(groupSize) ? groupSize : 3);
+  };
+  pick.oninput = paint;
+  paint();
+  drawOverview(field("forward", "overview"), attention);
+  normChart ??= new NormChart(field("forward", "norms"));
+  normChart.update(detail.residual_norms);
+  field("forward", "lens").replaceChildren(
+    ...detail.logit_lens.map((g, i) => el("li", { title: `layer ${i}` }, `${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)),
+  );
+}
+
+function drawSampling(run) {
+  const s = run.lastSampled;
+  if (!s) return;
+  light("sampling");
+  clock("sampling", ms(s.duration * 1000));
+  const bars = field("sampling", "bars");
+  const d = s.detail;
+  if (!d) return;
+  bars.replaceChildren(
+    ...d.candidates.map((c) => {
+      const row = el("div", { class: `bar${c.token_id === s.token_id ? " chosen" : ""}${c.removed_by ? " removed" : ""}`, "data-token": String(c.token_id) });
+      row.append(
+        el("span", { class: "tok" }, visible(c.token)),
+        el("span", { class: "track" }),
+        el("span", { class: "val" }, `${(c.raw_prob * 100).toFixed(1)}% → ${(c.adjusted_prob * 100).toFixed(1)}%${c.removed_by ? ` (cut by ${c.removed_by})` : ""}`),
+      );
+      const track = row.querySelector(".track");
+      track.append(el("i", { class: "raw", style: `width:${c.raw_prob * 100}%` }), el("i", { class: "adj", style: `width:${c.adjusted_prob * 100}%` }));
+      return row;
+    }),
+  );
+  field("sampling", "decision").textContent =
+    (d.draw === null ? "greedy (temperature 0): the most likely token wins" : `random draw ${d.draw.toFixed(4)} among ${d.kept} kept tokens`) +
+    ` · chose ${JSON.stringify(s.token)} (rank ${s.rank}, logprob ${s.logprob.toFixed(3)}) · end-of-turn probability ${(d.eos_prob * 100).toFixed(2)}%`;
+}
+
+function drawStream(run) {
+  const frames = field("stream", "frames");
+  const fresh = run.frames.slice(drawn.frames).filter(({ frame }) => frame.type === "trace" && frame.event.event === "text");
+  for (const { at, frame } of fresh) {
+    frames.prepend(el("li", {}, `+${at.toFixed(0)} ms  token ${frame.event.step}: ${JSON.stringify(frame.event.text)}`));
+  }
+  while (frames.childElementCount > 40) frames.lastElementChild.remove();
+  if (fresh.length) light("stream");
+  itlChart ??= new ItlChart(field("stream", "itl-chart"));
+  const serverTimes = run.finished?.timings.token_times ?? [];
+  const serverItls = serverTimes.slice(1).map((t, i) => (t - serverTimes[i]) * 1000);
+  itlChart.update(run.clientItls, serverItls);
+  const itls = run.clientItls;
+  if (itls.length) {
+    const mean = itls.reduce((a, b) => a + b, 0) / itls.length;
+    field("stream", "rate").textContent = `${run.tokenArrivals.length} tokens · ${(1000 / mean).toFixed(1)} tokens/s in the browser`;
+    clock("stream", ms(itls[itls.length - 1]));
+  }
+}
+
+function drawDetok(run) {
+  const t = run.lastText;
+  const s = run.lastSampled;
+  if (!t || !s) return;
+  light("detok");
+  field("detok", "bytes").textContent = `${hex(s.bytes)}  (token ${JSON.stringify(s.token)})`;
+  field("detok", "pending").textContent = t.pending_bytes.length ? hex(t.pending_bytes) : "none";
+  field("detok", "held").textContent = t.held_text ? JSON.stringify(t.held_text) : "none";
+  field("detok", "appended").textContent = JSON.stringify(t.text);
+}
+
+function drawLatency(run) {
+  const f = run.finished;
+  const itls = run.clientItls;
+  const mean = itls.length ? itls.reduce((a, b) => a + b, 0) / itls.length : null;
+  field("latency", "ttft-client").textContent = ms(run.clientTtft);
+  field("latency", "itl-client").textContent = ms(mean);
+  field("latency", "tps-client").textContent = mean ? (1000 / mean).toFixed(1) : "—";
+  if (run.usage) field("latency", "ttft-server").textContent = ms(run.usage.record.ttft_ms);
+  if (!f) return;
+  light("latency");
+  const t = f.timings;
+  field("latency", "itl-server").textContent = t.mean_itl === null ? "—" : ms(t.mean_itl * 1000);
+  field("latency", "tps-server").textContent = t.decode_tokens_per_s ? t.decode_tokens_per_s.toFixed(1) : "—";
+  const gateway = run.gateway ? run.gateway.stages.reduce((sum, s) => sum + s.ms, 0) : 0;
+  const parts = [
+    ["gateway", gateway],
+    ["queue", (t.queue ?? 0) * 1000],
+    ["tokenize", t.tokenize * 1000],
+    ["prefill", t.prefill * 1000],
+    ...run.forwards.filter((x) => x.phase === "decode").map((x) => ["decode", x.duration * 1000]),
+  ];
+  const server = parts.reduce((sum, [, v]) => sum + v, 0);
+  const client = run.tokenArrivals.length && run.sentAt !== null ? run.tokenArrivals[run.tokenArrivals.length - 1] - run.sentAt : server;
+  parts.push(["network & other", Math.max(0, client - server)]);
+  const total = parts.reduce((sum, [, v]) => sum + v, 0) || 1;
+  const waterfall = field("latency", "waterfall");
+  waterfall.replaceChildren(
+    ...parts.map(([name, value]) => el("span", { class: `wf ${name.split(" ")[0]}`, style: `flex-grow:${value / total}`, title: `${name}: ${ms(value)}` })),
+  );
+  const legend = el("p", { class: "muted" });
+  const sums = {};
+  for (const [name, value] of parts) sums[name] = (sums[name] ?? 0) + value;
+  legend.textContent = Object.entries(sums).map(([n, v]) => `${n} ${ms(v)}`).join(" · ");
+  waterfall.append(legend);
+  clock("latency", ms(client));
+}
+
+// The full record of one generated token, for the dialog opened by clicking it.
+export function tokenDetail(run, stepNumber) {
+  const step = run.steps.get(stepNumber);
+  const box = el("div");
+  if (!step?.sampled) return box;
+  const s = step.sampled;
+  box.append(el("h3", {}, `Token ${stepNumber}: ${JSON.stringify(s.token)} (id ${s.token_id})`));
+  box.append(el("p", {}, `logprob ${s.logprob.toFixed(4)} · rank ${s.rank} · sampled in ${ms(s.duration * 1000)}`));
+  if (step.forward) box.append(el("p", {}, `forward pass: ${step.forward.phase}, ${ms(step.forward.duration * 1000)}, ${step.forward.kv_length} positions cached`));
+  if (s.detail) {
+    const list = el("ol");
+    for (const c of s.detail.candidates) {
+      list.append(el("li", {}, `${JSON.stringify(c.token)} raw ${(c.raw_prob * 100).toFixed(2)}% · adjusted ${(c.adjusted_prob * 100).toFixed(2)}%` +
+        `${c.removed_by ? ` · cut by ${c.removed_by}` : ` · final ${(c.final_prob * 100).toFixed(2)}%`}`));
+    }
+    box.append(el("p", {}, s.detail.draw === null ? "greedy choice" : `draw ${s.detail.draw.toFixed(4)}`), list);
+  }
+  if (step.forward?.detail) {
+    const canvas = el("canvas", { width: 560, height: 160 });
+    const attention = step.forward.detail.attention;
+    drawLayer(canvas, attention, decodeAttention(attention), attention.shape[0] - 1, 3);
+    box.append(el("p", { class: "muted" }, "last layer's attention for the pass that produced this token"), canvas);
+    box.append(el("p", {}, `logit lens, last layers: ${step.forward.detail.logit_lens.slice(-5).map((g) => visible(g.token)).join(" → ")}`));
+  }
+  if (step.text) box.append(el("p", {}, `released text ${JSON.stringify(step.text.text)}${step.text.pending_bytes.length ? `, waiting bytes ${hex(step.text.pending_bytes)}` : ""}`));
+  return box;
+}

@@ -1,0 +1,90 @@
+// One turn's state, built only from the frames the server sent (live or replayed): nothing here is invented.
+
+export class Run {
+  constructor(request) {
+    this.request = request; // the JSON as the page sent it
+    this.frames = []; // [{at, frame}] for export and replay
+    this.gateway = null;
+    this.accepted = null;
+    this.tokenized = null;
+    this.context = null;
+    this.forwards = [];
+    this.steps = new Map(); // step -> {sampled, text, forward, arrivedAt}
+    this.text = "";
+    this.usage = null;
+    this.finished = null;
+    this.error = null;
+    this.done = false;
+    this.sentAt = null;
+    this.tokenArrivals = []; // browser clock (ms) when each token's text frame arrived
+    this.lastStep = 0;
+  }
+
+  step(n) {
+    if (!this.steps.has(n)) this.steps.set(n, { sampled: null, text: null, forward: null });
+    return this.steps.get(n);
+  }
+
+  apply(frame, at) {
+    this.frames.push({ at: at - (this.sentAt ?? at), frame });
+    switch (frame.type) {
+      case "gateway": this.gateway = frame; break;
+      case "accepted": this.accepted = frame; break;
+      case "usage": this.usage = frame; break;
+      case "error": this.error = frame; break;
+      case "done": this.done = true; break;
+      case "trace": this.applyEvent(frame.event, at); break;
+    }
+  }
+
+  applyEvent(event, at) {
+    switch (event.event) {
+      case "tokenized": this.tokenized = event; break;
+      case "context": this.context = event; break;
+      case "forward":
+        this.forwards.push(event);
+        // The pass that consumed token n produces the candidates for token n + 1.
+        this.step(event.step + 1).forward = event;
+        break;
+      case "sampled":
+        this.step(event.step).sampled = event;
+        this.lastStep = event.step;
+        break;
+      case "text":
+        this.step(event.step).text = event;
+        this.text += event.text;
+        this.tokenArrivals.push(at);
+        break;
+      case "finished": this.finished = event; break;
+    }
+  }
+
+  get lastForward() {
+    return this.forwards[this.forwards.length - 1] ?? null;
+  }
+
+  get lastSampled() {
+    return this.lastStep ? this.steps.get(this.lastStep).sampled : null;
+  }
+
+  get lastText() {
+    for (let n = this.lastStep; n > 0; n--) {
+      const step = this.steps.get(n);
+      if (step?.text) return step.text;
+    }
+    return null;
+  }
+
+  // Browser-side clocks, in ms.
+  get clientTtft() {
+    return this.tokenArrivals.length && this.sentAt !== null ? this.tokenArrivals[0] - this.sentAt : null;
+  }
+
+  get clientItls() {
+    return this.tokenArrivals.slice(1).map((t, i) => t - this.tokenArrivals[i]);
+  }
+
+  toJSON() {
+    return { format: "roundtrip-run", version: 1, request: this.request, frames: this.frames };
+  }
+}
