@@ -74,6 +74,7 @@ function drawBubble(run) {
   const text = state.bubble.node.querySelector(".text");
   for (let n = text.childElementCount + 1; n <= run.lastStep; n++) {
     const step = run.steps.get(n);
+    if (step?.sampled?.is_stop) return; // the end-of-turn token has no text
     if (!step?.text && !(run.finished && step?.sampled)) return;
     const piece = step.text ? step.text.text : "";
     text.append(el("span", { class: "tok", "data-step": String(n), title: `token ${n}` }, piece));
@@ -154,7 +155,7 @@ $("new-conversation").addEventListener("click", () => {
 
 // A conversation picked in the list (an htmx partial) brings its history back in.
 document.body.addEventListener("htmx:afterSwap", (event) => {
-  if (event.target.id !== "history-loader") return;
+  if (event.detail.target?.id !== "history-loader") return;
   const history = JSON.parse(document.getElementById("loaded-history").textContent);
   const meta = document.getElementById("loaded-conversation");
   state.conversation = Number(meta.dataset.id);

@@ -14,6 +14,7 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
+from loops import run_async
 from visualizer.models import Conversation
 from visualizer.routing import websocket_urlpatterns
 from webapp.gateway.routing import ModelRoute
@@ -46,7 +47,7 @@ def with_worker(tiny_model_path: Path) -> Iterator[Callable[[Callable[[Websocket
                 await asyncio.gather(worker, return_exceptions=True)
 
         with override_settings(ROUNDTRIP_MODELS=models, ROUNDTRIP_ANONYMOUS_LIMITS={}):
-            asyncio.run(main())
+            run_async(main())
 
     yield run
 

@@ -10,6 +10,7 @@ import pytest
 from django.test import override_settings
 
 from inference.sampling import SamplingParams
+from loops import run_async
 from webapp.api.schema import ChatRequest
 from webapp.api.views import _stream
 from webapp.gateway.client import Generation
@@ -62,7 +63,7 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None
     async def collect() -> list[bytes]:
         return [part async for part in _stream(_ctx(), _request(), generation)]
 
-    parts = asyncio.run(collect())
+    parts = run_async(collect())
     assert parts[-1] == b"data: [DONE]\n\n"
     error = json.loads(parts[-2].removeprefix(b"data: "))
     assert error == {"error": {"message": "The model failed: boom", "type": "server_error", "param": None, "code": "server_error"}}
@@ -80,7 +81,7 @@ def test_a_client_that_leaves_cancels_the_generation_and_is_logged() -> None:
         await stream.__anext__()
         await stream.aclose()  # what Django does when the client disconnects
 
-    asyncio.run(leave_early())
+    run_async(leave_early())
     assert generation.cancelled
     row = UsageRecord.objects.get(request_id="chatcmpl-test")
     assert (row.status, row.finish_reason) == (499, "cancelled")

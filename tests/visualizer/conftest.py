@@ -1,0 +1,57 @@
+"""Real headless Chromium (Debian's binary) driven by Playwright; screenshots go to artifacts/screenshots/."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from conftest import SERVICE_SKIP_PREFIX
+
+CHROMIUM = os.environ.get("ROUNDTRIP_CHROMIUM", "/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+
+
+@pytest.fixture(scope="session")
+def browser(daphne_server: Any) -> Iterator[Any]:
+    """Started after the live server (and its database), since Playwright's sync API runs an event loop."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{SERVICE_SKIP_PREFIX} Chromium at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's loop makes Django think the ORM calls of the test itself are async; they are not.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, daphne_server: Any) -> Iterator[Any]:
+    """A fresh browser context (its own session cookie) on the chat page, connected to the socket."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1200}, accept_downloads=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(daphne_server.url + "/")
+    page.wait_for_selector(".status.connected", timeout=15000)
+    yield page
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+@pytest.fixture
+def screenshot() -> Any:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def take(target: Any, name: str) -> Path:
+        path = SCREENSHOTS / f"{name}.png"
+        target.screenshot(path=str(path))
+        return path
+
+    return take

@@ -1,0 +1,181 @@
+"""The chat page and its live pipeline in real headless Chromium, against a real Daphne server and model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from servers import start, stop, wait_ready
+
+pytestmark = pytest.mark.django_db(transaction=True)
+STAGES = ["request", "gateway", "tokens", "context", "forward", "sampling", "stream", "detok", "latency"]
+
+
+def ask(page: Any, text: str, *, level: str = "summary", speed: str = "live", model: str = "smollm2-135m-instruct") -> None:
+    page.select_option("#model", model)
+    page.select_option("#level", level)
+    page.check(f'input[name="speed"][value="{speed}"]')
+    page.fill("#prompt", text)
+    page.click("#send")
+
+
+def answer(page: Any) -> str:
+    text: str = page.inner_text(".bubble.assistant:last-child .text")
+    return text
+
+
+def wait_done(page: Any) -> None:
+    page.wait_for_function("!document.getElementById('send').disabled", timeout=60000)
+
+
+def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: Any, daphne_server: Any, make_key: Any, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?", level="full")
+    page.wait_for_function("document.querySelector('.bubble.assistant .text').textContent.includes('New Delhi')", timeout=60000)
+    wait_done(page)
+    assert answer(page) == "The capital of India is New Delhi."
+
+    # 1. the request JSON as it left
+    sent = json.loads(page.inner_text('#stage-request [data-field="json"]'))
+    assert sent["messages"][-1] == {"role": "user", "content": "What's the capital of India?"} and sent["level"] == "full"
+    # 2. gateway checks, rate gauge, route and usage-log entry
+    assert [li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()] == ["authenticate", "rate_limit", "route"]
+    assert "smollm2-135m-instruct" in page.inner_text('#stage-gateway [data-field="route"]')
+    assert "200 stop, 27 + 9 tokens" in page.inner_text('#stage-gateway [data-field="usage"]')
+    # 3. token chips carry the ids /v1/tokenize gives
+    chip_ids = [int(i) for i in page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => n.dataset.id)")]
+    r = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "What's the capital of India?"}, headers={"Authorization": f"Bearer {make_key()}"})
+    assert chip_ids == r.json()["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
+    # 4. context segments and fill
+    assert page.locator("#stage-context .segment.message").inner_text().startswith("your message (7)")
+    assert "27 prompt tokens" in page.inner_text('#stage-context [data-field="fill-text"]')
+    # 5. forward pass with the full-level pictures
+    assert page.locator("#stage-forward .layer").count() == 30
+    assert page.locator('#stage-forward [data-field="lens"] li').count() == 30
+    assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
+    # 6. sampling: the chosen tokens, token by token, spell the answer (the last choice is <|im_end|>)
+    assert page.inner_text("#stage-sampling .bar.chosen .tok") == "<|im_end|>"
+    tokens = page.locator(".bubble.assistant .tok").all_inner_texts()
+    assert "".join(tokens) == "The capital of India is New Delhi." and len(tokens) == 8
+    # 7. streaming frames and 8. detokenization
+    assert page.locator('#stage-stream [data-field="frames"] li').count() == 8
+    assert page.inner_text('#stage-detok [data-field="appended"]') == '"."'
+    # latency: browser and server side by side
+    for cell in ["ttft-client", "ttft-server", "itl-client", "itl-server"]:
+        assert page.inner_text(f'#stage-latency [data-field="{cell}"]').endswith("ms")
+    for stage in STAGES:
+        screenshot(page.locator(f"#stage-{stage}"), f"stage-{stage}")
+    screenshot(page, "chat-page")
+
+
+def test_clicking_a_token_opens_its_trace(page: Any) -> None:
+    ask(page, "What's the capital of India?")
+    wait_done(page)
+    page.locator(".bubble.assistant .tok").nth(5).click()
+    detail = page.inner_text("#token-detail")
+    assert "Token 6" in detail and "New" in detail and "logprob" in detail
+
+
+def test_step_mode_advances_one_token_per_click(page: Any, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?", speed="step")
+    page.wait_for_function("document.querySelectorAll('.bubble.assistant .tok').length === 1", timeout=30000)
+    page.wait_for_timeout(500)
+    assert page.locator(".bubble.assistant .tok").count() == 1
+    for expected in (2, 3, 4):
+        page.click("#next")
+        page.wait_for_function(f"document.querySelectorAll('.bubble.assistant .tok').length === {expected}", timeout=30000)
+        page.wait_for_timeout(300)
+        assert page.locator(".bubble.assistant .tok").count() == expected
+    assert answer(page) == "The capital of India"
+    screenshot(page, "step-mode")
+    page.click("#cancel")
+    wait_done(page)
+
+
+def test_an_exported_run_replays_without_the_model(page: Any, tmp_path: Path, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?")
+    wait_done(page)
+    page.click("#recording summary")
+    with page.expect_download() as download:
+        page.click("#export-run")
+    path = tmp_path / "run.json"
+    download.value.save_as(path)
+    recorded = json.loads(path.read_text())
+    assert recorded["format"] == "roundtrip-run" and any(f["frame"]["type"] == "done" for f in recorded["frames"])
+    page.click("#new-conversation")
+    page.set_input_files("#import-run", str(path))
+    page.click("#replay-run")
+    page.wait_for_function("document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'", timeout=30000)
+    assert page.inner_text(".bubble.user .text").startswith("(replay)")
+    assert page.locator("#stage-tokens .chip").count() == 7
+    screenshot(page, "replay")
+
+
+def test_markup_in_a_message_shows_literally(page: Any) -> None:
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    ask(page, "<img src=x onerror=alert(1)>", model="tiny")
+    wait_done(page)
+    assert page.inner_text(".bubble.user .text") == "<img src=x onerror=alert(1)>"
+    assert page.locator(".bubbles img, .pipeline img").count() == 0 and dialogs == []
+    assert "<img·src=x·onerror=alert(1)>".replace("·", "") in page.inner_text("#stage-tokens .chips").replace("·", "").replace("\n", "")
+
+
+def test_a_turn_is_kept_in_the_conversation_list_and_its_history_goes_back_in(page: Any) -> None:
+    page.fill("#max_tokens", "8")  # the tiny model's context is 256 tokens
+    ask(page, "the heat is on", model="tiny")
+    wait_done(page)
+    page.wait_for_selector(".conversation-list button")
+    ask(page, "and again", model="tiny")
+    wait_done(page)
+    sent = json.loads(page.inner_text('#stage-request [data-field="json"]'))
+    assert [m["role"] for m in sent["messages"]] == ["system", "user", "assistant", "user"]
+    page.click("#new-conversation")
+    assert page.locator(".bubble").count() == 0
+    page.locator(".conversation-list button").first.click()
+    page.wait_for_function("document.querySelectorAll('.bubble').length === 4", timeout=10000)
+    assert page.locator(".bubble.user .text").all_inner_texts() == ["the heat is on", "and again"]
+
+
+def test_it_works_at_phone_width(page: Any, screenshot: Any) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    ask(page, "What's the capital of India?")
+    wait_done(page)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    screenshot(page, "phone")
+
+
+def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tiny_model_path: Path, tmp_path: Path, screenshot: Any) -> None:
+    """A server of its own, stopped and started again on the same port under the open page."""
+    from servers import free_port
+
+    port = free_port()
+    env = {**__import__("os").environ, "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
+           "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+    from servers import manage
+
+    manage(env, "migrate", "--noinput")
+    url = f"http://127.0.0.1:{port}"
+    server = start(env, tmp_path / "a.log", "serve", "--port", str(port))
+    wait_ready(url, [server], [tmp_path / "a.log"])
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(url + "/")
+        page.wait_for_selector(".status.connected", timeout=15000)
+        stop([server])
+        page.wait_for_selector(".status.reconnecting", timeout=15000)
+        assert "reconnecting" in page.inner_text("#socket-status")
+        screenshot(page, "reconnecting")
+        server = start(env, tmp_path / "b.log", "serve", "--port", str(port))
+        wait_ready(url, [server], [tmp_path / "b.log"])
+        page.wait_for_selector(".status.reconnected", timeout=20000)
+        ask(page, "the heat is on", model="tiny")
+        wait_done(page)
+        assert answer(page) != ""
+    finally:
+        context.close()
+        stop([server])
