@@ -67,6 +67,8 @@ function drawGateway(run) {
   }
   if (run.usage && !field("gateway", "usage").textContent) {
     const r = run.usage.record;
+    const log = run.usage.stages.find((stage) => stage.name === "usage_log");
+    if (log) checks.append(el("li", {}, `usage_log — ${ms(log.ms)}`));
     field("gateway", "usage").textContent =
       `usage log #${r.id}: ${r.status} ${r.finish_reason}, ${r.prompt_tokens} + ${r.completion_tokens} tokens, TTFT ${ms(r.ttft_ms)}, total ${ms(r.total_ms)}`;
   }

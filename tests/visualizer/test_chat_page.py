@@ -179,3 +179,45 @@ def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tin
     finally:
         context.close()
         stop([server])
+
+
+def test_tokens_faster_than_the_page_draws_are_never_lost(page: Any) -> None:
+    """The tiny model makes hundreds of tokens a second: drawings may be skipped, tokens may not."""
+    page.fill("#max_tokens", "200")
+    page.fill("#temperature", "1")
+    page.fill("#seed", "7")
+    ask(page, "go", model="tiny")
+    wait_done(page)
+    shown = page.locator(".bubble.assistant .tok").count()
+    usage = page.inner_text('#stage-gateway [data-field="usage"]')
+    assert f"+ {shown} tokens" in usage or f"+ {shown + 1} tokens" in usage  # (+1: a final end-of-turn token)
+    assert page.locator('#stage-stream [data-field="frames"] li').count() == min(40, shown)
+
+
+def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_key: Any) -> None:
+    from django.contrib.auth.models import User
+
+    User.objects.create_superuser("boss", "boss@example.com", "a-long-password-1")
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(daphne_server.url + "/admin/login/?next=/watch/")
+        page.fill("#id_username", "boss")
+        page.fill("#id_password", "a-long-password-1")
+        page.click("input[type=submit]")
+        page.wait_for_selector(".status.connected", timeout=15000)
+        page.wait_for_timeout(300)
+        reply = httpx.post(f"{daphne_server.api}/chat/completions", headers={"Authorization": f"Bearer {make_key()}"},
+                           json={"model": "smollm2", "messages": [{"role": "user", "content": "What's the capital of India?"}], "temperature": 0}, timeout=60)
+        assert reply.status_code == 200
+        page.wait_for_function("document.querySelector('#watch .bubble')?.textContent.length > 0", timeout=15000)
+        page.wait_for_function("document.querySelector('#watch p').textContent.includes('tokens')", timeout=15000)
+        assert page.inner_text("#watch .bubble") == reply.json()["choices"][0]["message"]["content"]
+        assert reply.json()["id"] in page.inner_text("#watch h3")
+    finally:
+        context.close()
+
+
+def test_the_watch_page_is_for_staff_only(page: Any, daphne_server: Any) -> None:
+    page.goto(daphne_server.url + "/watch/")
+    assert "/admin/login/" in page.url
