@@ -22,9 +22,9 @@ from webapp.api.openapi import openapi_spec
 from webapp.api.schema import ChatRequest, parse_chat_request, parse_json_body
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError, bad_request
-from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
+from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage, route_model
 from webapp.gateway.identity import Identity, identify_key
-from webapp.gateway.routing import configured_models, resolve
+from webapp.gateway.routing import configured_models
 from webapp.gateway.watch import anyone_watching, publish
 from webapp.worker.service import model_status
 
@@ -196,10 +196,7 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
         unknown = sorted(set(body) - {"model", "text"})
         if unknown:
             raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
-        route = resolve(str(body.get("model", "")))
-        if not identity.may_use(route.id):
-            raise GatewayError(403, f"This API key may not use the model {route.id!r}.", "invalid_request_error", "model_not_allowed", "model")
-        ctx.route = route
+        route = route_model(ctx, identity, str(body.get("model", "")))
         answer = await client.tokenize(route, text)
     except GatewayError as exc:
         await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)

@@ -65,12 +65,18 @@ def limit_and_route(ctx: RequestContext, identity: Identity, model: str) -> None
     ctx.rate = limiter.admit()
     ctx.limiter = limiter
     ctx.timed("rate_limit", started, bucket=identity.bucket, **ctx.rate.counted)
+    route_model(ctx, identity, model)
+
+
+def route_model(ctx: RequestContext, identity: Identity, model: str) -> ModelRoute:
+    """The route stage: 404 for an unknown model, 403 for one this key may not use."""
     started = time.perf_counter()
     route = resolve(model)
     if not identity.may_use(route.id):
         raise GatewayError(403, f"This API key may not use the model {route.id!r}.", "invalid_request_error", "model_not_allowed", "model")
     ctx.route = route
     ctx.timed("route", started, model=route.id, channel=route.work_channel)
+    return route
 
 
 def record_usage(
