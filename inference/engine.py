@@ -17,7 +17,7 @@ from torch import Tensor
 from inference.model import KVCache, Transformer
 from inference.probe import LayerProbe
 from inference.sampling import Sampler, SamplingParams
-from inference.trace import ForwardStep, Sampled, TraceLevel
+from inference.trace import ForwardStep, LayerDetail, Sampled, TraceLevel
 
 DETAIL_TOP_N = 10  # candidates explained per sampling decision at summary level and above
 
@@ -39,6 +39,17 @@ class Engine:
         tokens = torch.tensor([[token]], device=self.device)  # [1, 1]
         positions = torch.tensor([[position]], device=self.device)  # [1, 1]
         return self.model(tokens, positions, cache, probe)[0]
+
+    @torch.inference_mode()
+    def inspect(self, ids: Sequence[int]) -> LayerDetail:
+        """The full-level look at the last position of `ids`, recomputed from scratch.
+
+        Lets a page ask, after the fact, for the attention of any token of a finished run
+        (which was traced at summary level, or beyond the full level's position budget).
+        """
+        probe = LayerProbe()
+        self.prefill(self.model.new_cache(1, len(ids)), ids, probe)
+        return probe.detail(self.model)
 
     @torch.inference_mode()
     def generate(

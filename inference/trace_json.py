@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from inference.tokenizer import BPETokenizer
-from inference.trace import ContextBuilt, Finished, ForwardStep, Sampled, TextDelta, Tokenized, TraceEvent
+from inference.trace import ContextBuilt, Finished, ForwardStep, LayerDetail, Sampled, TextDelta, Tokenized, TraceEvent
 
 # Full-level attention travels as 8-bit rows (each scaled to its own maximum), over at most this many
 # cached positions: the first few (attention sinks) and the most recent. ~140 kB per token at most.
@@ -48,8 +48,7 @@ def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
     elif isinstance(event, TextDelta):
         data["token"] = text(event.token_id) if event.token_id >= 0 else ""
     elif isinstance(event, ForwardStep) and event.detail is not None:
-        data["detail"]["logit_lens"] = [{"id": i, "token": text(i), "prob": p} for i, p in event.detail.logit_lens]
-        data["detail"]["attention"] = attention_to_dict(event.detail.attention)
+        data["detail"] = detail_to_dict(event.detail, tokenizer)
     elif isinstance(event, Finished):
         t = event.timings
         data["timings"]["mean_itl"] = t.mean_itl
@@ -57,15 +56,24 @@ def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
     return data
 
 
-def attention_to_dict(attention: np.ndarray) -> dict[str, Any]:
+def detail_to_dict(detail: LayerDetail, tokenizer: BPETokenizer, budget: int = ATTENTION_BUDGET_POSITIONS) -> dict[str, Any]:
+    """A forward pass's layer detail: bounded 8-bit attention, residual norms, logit lens with token text."""
+    return {
+        "attention": attention_to_dict(detail.attention, budget),
+        "residual_norms": detail.residual_norms,
+        "logit_lens": [{"id": i, "token": tokenizer.token_text(i), "prob": p} for i, p in detail.logit_lens],
+    }
+
+
+def attention_to_dict(attention: np.ndarray, budget: int = ATTENTION_BUDGET_POSITIONS) -> dict[str, Any]:
     """[layers, heads, positions] weights as base64 uint8 rows within the position budget.
 
     Each row is scaled to its own maximum (`row_max`): weight = byte / 255 * row_max.
     `positions` lists which cached positions the columns are.
     """
     layers, heads, length = attention.shape
-    if length > ATTENTION_BUDGET_POSITIONS:
-        recent = ATTENTION_BUDGET_POSITIONS - ATTENTION_SINK_POSITIONS
+    if length > budget:
+        recent = budget - ATTENTION_SINK_POSITIONS
         positions = list(range(ATTENTION_SINK_POSITIONS)) + list(range(length - recent, length))
         attention = attention[:, :, positions]
     else:

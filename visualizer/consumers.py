@@ -13,7 +13,7 @@ from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from visualizer.runs import Run, Visitor
+from visualizer.runs import Run, Visitor, inspect
 from webapp.gateway.watch import WATCH_GROUP, watcher_joined, watcher_left
 
 MAX_FRAME_BYTES = 64 * 1024
@@ -74,10 +74,12 @@ class PipelineConsumer(FrameConsumer):
             await self.run.next_token()
         elif kind == "cancel" and self.run is not None:
             await self.run.cancel()
+        elif kind == "inspect":
+            await self.send_frame(await inspect(self._visitor(), frame))
         elif kind == "ping":
             await self.send_frame({"type": "pong"})
         elif kind not in ("next", "cancel"):
-            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel or ping.", "unknown_type")
+            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect or ping.", "unknown_type")
 
     async def _forward(self, run: Run) -> None:
         async for frame in run.frames():

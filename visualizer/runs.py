@@ -134,3 +134,23 @@ class Run:
             )
             self.payload["conversation"] = conversation.pk
         conversation.add_exchange(question, answer, request_id)
+
+
+async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
+    """The page asks for more: full-level detail of one token after the fact, through the same gateway."""
+    ctx = RequestContext(client.new_request_id(), "ws.inspect", visitor.client_ip)
+    status, code = 200, ""
+    try:
+        identity = identify_session(visitor.user_id, visitor.session_key)
+        await sync_to_async(limit_and_route)(ctx, identity, str(frame.get("model", "default")))
+        assert ctx.route is not None
+        ids = frame.get("ids")
+        if not isinstance(ids, list):
+            raise bad_request("'ids' must be a list of token ids.", "ids")
+        detail = await client.inspect(ctx.route, ids)  # the worker checks each id against its vocabulary
+        return {"type": "inspection", "step": frame.get("step"), "detail": detail}
+    except GatewayError as exc:
+        status, code = exc.status, exc.code or exc.type
+        return {"type": "error", "status": exc.status, "code": exc.code, "message": exc.message, "param": exc.param}
+    finally:
+        await asyncio.shield(sync_to_async(record_usage)(ctx, status, "" if status == 200 else "error", code, len(frame.get("ids") or [])))

@@ -1,7 +1,7 @@
 // The chat page: composes requests, talks to the pipeline socket, keeps conversations, records and replays runs.
 import { el } from "./dom.js";
 import { Player } from "./player.js";
-import { drawRun, tokenDetail } from "./render.js";
+import { drawRun, inspectionView, tokenDetail } from "./render.js";
 import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
 
@@ -17,6 +17,10 @@ const player = new Player((run) => {
 const socket = new PipelineSocket("/ws/pipeline/", {
   onFrame(frame, at) {
     if (frame.type === "hello" || frame.type === "pong") return;
+    if (frame.type === "inspection" || (frame.type === "error" && state.inspecting)) {
+      showInspection(frame);
+      return;
+    }
     if (!state.run) {
       if (frame.type === "error") showError(frame.message);
       return;
@@ -142,9 +146,37 @@ $("bubbles").addEventListener("click", (event) => {
   const token = event.target.closest(".tok");
   const run = state.bubble?.run ?? state.lastRun;
   if (!token || !run) return;
-  $("token-detail").replaceChildren(tokenDetail(run, Number(token.dataset.step)));
+  const step = Number(token.dataset.step);
+  const more = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
+  more.addEventListener("click", () => inspectToken(run, step, more));
+  $("token-detail").replaceChildren(tokenDetail(run, step), more, el("div", { id: "inspection" }));
   $("token-dialog").showModal();
 });
+
+// The page asks for more on demand: the worker recomputes the pass that produced token `step`
+// (the prompt plus the tokens before it) with full detail, attention over up to 2048 positions.
+function inspectToken(run, step, button) {
+  if (!run.tokenized) return;
+  const before = [];
+  for (let n = 1; n < step; n++) before.push(run.steps.get(n).sampled.token_id);
+  state.inspecting = step;
+  button.disabled = true;
+  button.textContent = "Recomputing…";
+  socket.send({ type: "inspect", model: run.request.model, ids: [...run.tokenized.ids, ...before], step });
+}
+
+function showInspection(frame) {
+  state.inspecting = null;
+  const box = document.getElementById("inspection");
+  const button = document.getElementById("inspect-token");
+  if (!box) return;
+  if (button) button.hidden = true;
+  if (frame.type === "error") {
+    box.replaceChildren(el("p", { class: "error" }, frame.message));
+    return;
+  }
+  box.replaceChildren(inspectionView(frame.detail));
+}
 
 $("new-conversation").addEventListener("click", () => {
   state.conversation = null;

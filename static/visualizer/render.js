@@ -277,3 +277,25 @@ export function tokenDetail(run, stepNumber) {
   if (step.text) box.append(el("p", {}, `released text ${JSON.stringify(step.text.text)}${step.text.pending_bytes.length ? `, waiting bytes ${hex(step.text.pending_bytes)}` : ""}`));
   return box;
 }
+
+// Recomputed full detail for one token: a layer picker over its attention, and the logit lens.
+export function inspectionView(detail) {
+  const attention = detail.attention;
+  const bytes = decodeAttention(attention);
+  const box = el("div", { class: "inspection" });
+  const canvas = el("canvas", { width: 560, height: 170, "data-field": "inspect-heatmap" });
+  const label = el("span");
+  const pick = el("input", { type: "range", min: 0, max: attention.shape[0] - 1, value: attention.shape[0] - 1 });
+  const paint = () => {
+    label.textContent = `layer ${pick.value} · ${attention.shape[1]} heads over ${attention.shape[2]} of ${attention.kv_length} positions`;
+    drawLayer(canvas, attention, bytes, Number(pick.value), 3);
+  };
+  pick.addEventListener("input", paint);
+  const picker = el("label", {}, "Layer ");
+  picker.append(pick, label);
+  const lens = el("ol", { class: "lens" });
+  detail.logit_lens.forEach((g, i) => lens.append(el("li", { title: `layer ${i}` }, `${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)));
+  box.append(picker, canvas, el("p", { class: "muted" }, "logit lens, layer by layer"), lens);
+  paint();
+  return box;
+}

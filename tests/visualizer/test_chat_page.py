@@ -42,7 +42,7 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: 
     sent = json.loads(page.inner_text('#stage-request [data-field="json"]'))
     assert sent["messages"][-1] == {"role": "user", "content": "What's the capital of India?"} and sent["level"] == "full"
     # 2. gateway checks, rate gauge, route and usage-log entry
-    assert [li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()] == ["authenticate", "rate_limit", "route"]
+    assert [li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()] == ["authenticate", "rate_limit", "route", "usage_log"]
     assert "smollm2-135m-instruct" in page.inner_text('#stage-gateway [data-field="route"]')
     assert "200 stop, 27 + 9 tokens" in page.inner_text('#stage-gateway [data-field="usage"]')
     # 3. token chips carry the ids /v1/tokenize gives
@@ -71,12 +71,17 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: 
     screenshot(page, "chat-page")
 
 
-def test_clicking_a_token_opens_its_trace(page: Any) -> None:
-    ask(page, "What's the capital of India?")
+def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?")  # summary level: no attention in the live frames
     wait_done(page)
     page.locator(".bubble.assistant .tok").nth(5).click()
     detail = page.inner_text("#token-detail")
     assert "Token 6" in detail and "New" in detail and "logprob" in detail
+    page.click("#inspect-token")
+    page.wait_for_selector("#inspection canvas", timeout=30000)
+    assert "9 heads over 32 of 32 positions" in page.inner_text("#inspection")  # 27 prompt tokens + 5 generated
+    assert page.locator("#inspection .lens li").count() == 30
+    screenshot(page.locator("#token-dialog"), "token-detail")
 
 
 def test_step_mode_advances_one_token_per_click(page: Any, screenshot: Any) -> None:

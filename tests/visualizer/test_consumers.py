@@ -163,3 +163,16 @@ def test_model_text_stays_text_in_frames(with_worker: Any) -> None:
         assert "<img src=x onerror=alert(1)>" in tokenized["text"]
 
     with_worker(body)
+
+
+def test_the_page_can_ask_for_full_detail_after_the_fact(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({"type": "inspect", "model": "tiny", "ids": [1, 50, 60, 70], "step": 2})
+        frame = await ws.receive_json_from(timeout=30)
+        assert frame["type"] == "inspection" and frame["step"] == 2
+        assert frame["detail"]["attention"]["shape"] == [2, 4, 4] and len(frame["detail"]["logit_lens"]) == 2
+        await ws.send_json_to({"type": "inspect", "model": "tiny", "ids": [1, 99999]})
+        error = await ws.receive_json_from(timeout=30)
+        assert error["type"] == "error" and "'ids'" in error["message"]
+
+    with_worker(body)

@@ -144,3 +144,16 @@ async def tokenize(route: ModelRoute, text: str) -> dict[str, Any]:
     message = await _receive(layer, reply_to)
     _raise_for(message)
     return message
+
+
+async def inspect(route: ModelRoute, ids: list[int]) -> dict[str, Any]:
+    """Full-level detail (attention, norms, logit lens) for the last of `ids`, recomputed by the worker."""
+    layer = _layer()
+    reply_to = await layer.new_channel("reply.")
+    await layer.send(route.work_channel, {"type": "inspect", "request_id": new_request_id(), "reply_to": reply_to, "ids": ids, "sent_at": time.time()})
+    while True:
+        message = await _receive(layer, reply_to)
+        _raise_for(message)
+        if message.get("type") == "inspection":
+            detail: dict[str, Any] = message["detail"]
+            return detail

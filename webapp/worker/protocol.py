@@ -3,6 +3,7 @@
 To a model's work channel (`inference.<model id>`):
     {"type": "generate", "request_id", "reply_to", "messages", "params", "level", "truncate_history", "step", "sent_at"}
     {"type": "tokenize", "request_id", "reply_to", "text"}
+    {"type": "inspect", "request_id", "reply_to", "ids"}   full-level detail for the last of `ids`, recomputed
 To the worker's own control channel (named in its "queued" reply):
     {"type": "cancel", "request_id"}
     {"type": "next", "request_id"}      step mode: the request pauses after each token until this arrives
@@ -13,6 +14,7 @@ Replies, on the requester's `reply_to` channel, in order:
     {"type": "error", "request_id", "status", "message", "code", "param"}      before or instead of the end
     {"type": "cancelled", "request_id"}                                          the end of a cancelled request
     {"type": "tokens", "request_id", "ids", "tokens", "spans"}                 the answer to "tokenize"
+    {"type": "inspection", "request_id", "detail"}                               the answer to "inspect"
 A stream ends with the "finished" event, an "error" or "cancelled". `sent_at` is wall-clock seconds, so
 the worker can tell how long the message waited in the channel, even across machines.
 """

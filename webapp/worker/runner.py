@@ -22,10 +22,12 @@ from inference.loader import LoadedModel
 from inference.pipeline import ChatPipeline
 from inference.sampling import SamplingParams
 from inference.trace import Finished, TraceEvent, TraceLevel
-from inference.trace_json import event_to_dict
+from inference.errors import InvalidRequestError
+from inference.trace_json import detail_to_dict, event_to_dict
 from webapp.worker.protocol import error_reply, params_from_dict
 
 log = logging.getLogger("roundtrip.worker")
+INSPECT_BUDGET_POSITIONS = 2048  # asked for on purpose, one token at a time: a bigger budget than live frames
 Emit = Callable[[str, dict[str, Any]], None]
 
 
@@ -99,7 +101,7 @@ class EngineRunner:
         self._run()
 
     def submit(self, model_id: str, message: dict[str, Any]) -> None:
-        """Queue a generate request for a loaded model; answer 503 at once when the queue is full."""
+        """Queue a generate (or inspect) request for a loaded model; answer 503 at once when the queue is full."""
         job = Job(model_id, message, time.perf_counter() - max(0.0, time.time() - float(message.get("sent_at", time.time()))))
         try:
             self._inbox.put_nowait(job)
@@ -164,11 +166,33 @@ class EngineRunner:
         with self._lock:
             self._jobs.pop(job.request_id, None)
 
+    def _inspect(self, job: Job) -> None:
+        """Recompute the full-level detail for the last position of the given ids, and reply with it."""
+        pipeline = self.pipelines[job.model_id]
+        ids = job.message.get("ids")
+        config = pipeline.loaded.config
+        try:
+            if (
+                not isinstance(ids, list)
+                or not 1 <= len(ids) <= config.context_length
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size for i in ids)
+            ):
+                raise InvalidRequestError(f"'ids' must be 1 to {config.context_length} token ids below {config.vocab_size}", "ids")
+            detail = pipeline.engine.inspect(ids)
+        except Exception as exc:
+            self._emit(job.reply_to, error_reply(job.request_id, exc))
+            return
+        reply = {"type": "inspection", "request_id": job.request_id, "detail": detail_to_dict(detail, pipeline.loaded.tokenizer, INSPECT_BUDGET_POSITIONS)}
+        self._emit(job.reply_to, reply)
+
     def _start(self, job: Job) -> bool:
         """Validate and tokenize; reply "accepted" or an error. True when the job should run."""
         if job.cancelled:
             return False
         msg = job.message
+        if msg.get("type") == "inspect":
+            self._inspect(job)
+            return False
         pipeline = self.pipelines[job.model_id]
         try:
             prepared = pipeline.prepare(

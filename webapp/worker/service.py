@@ -120,7 +120,7 @@ async def _consume_work(layer: BaseChannelLayer, route: ModelRoute, runner: Engi
                 reason = f"The model {route.id!r} could not be loaded: {runner.failures[route.id]}"
                 await layer.send(message["reply_to"], {"type": "error", "request_id": message.get("request_id"), "status": 503,
                                                        "code": "model_unavailable", "message": reason, "param": None})
-            elif message.get("type") == "generate":
+            elif message.get("type") in ("generate", "inspect"):
                 runner.submit(route.id, message)
             elif message.get("type") == "tokenize":
                 runner.tokenize(route.id, message)
