@@ -123,7 +123,7 @@ function drawForward(run) {
       : `decode step ${f.step}: 1 token at position ${f.position}, reading ${f.kv_length - 1} cached positions`;
   const layers = field("forward", "layers");
   const count = f.detail ? f.detail.residual_norms.length - 1 : (run.gateway?.layers ?? 30);
-  if (layers.childElementCount !== count) layers.replaceChildren(...Array.from({ length: count }, (_, i) => el("span", { class: "layer", title: `layer ${i}` })));
+  if (layers.childElementCount !== count) layers.replaceChildren(...Array.from({ length: count }, (_, i) => el("span", { class: "layer", title: `layer ${i}`, style: `--i:${i}` })));
   layers.classList.toggle("prefill", f.phase === "prefill");
   layers.classList.remove("sweep");
   void layers.offsetWidth;

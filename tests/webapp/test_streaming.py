@@ -28,7 +28,7 @@ class ScriptedGeneration(Generation):
     """A generation whose replies are scripted; `fail` raises where the worker would report an error."""
 
     def __init__(self, events: list[dict[str, Any] | Exception]) -> None:
-        super().__init__(None, ROUTE, "chatcmpl-test", "reply.test")  # type: ignore[arg-type]
+        super().__init__(None, "chatcmpl-test", "reply.test")  # type: ignore[arg-type]
         self.script = events
         self.cancelled = False
 

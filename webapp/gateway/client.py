@@ -52,16 +52,14 @@ def _raise_for(message: dict[str, Any]) -> None:
 class Generation:
     """One request's replies. `start()` waits until the worker accepted it (or raises its error)."""
 
-    def __init__(self, layer: BaseChannelLayer, route: ModelRoute, request_id: str, reply_to: str) -> None:
+    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str) -> None:
         self.layer = layer
-        self.route = route
         self.request_id = request_id
         self.reply_to = reply_to
         self.control: str | None = None
         self.accepted: dict[str, Any] = {}
         self.finished: dict[str, Any] | None = None
         self.cancelled = False
-        self.sent_at = time.perf_counter()
 
     async def start(self) -> dict[str, Any]:
         while True:
@@ -113,7 +111,7 @@ async def generate(
     """Send a generate request to the model's workers and wait until it is accepted."""
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
-    generation = Generation(layer, route, request_id or new_request_id(), reply_to)
+    generation = Generation(layer, request_id or new_request_id(), reply_to)
     await layer.send(
         route.work_channel,
         {
