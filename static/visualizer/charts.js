@@ -5,6 +5,12 @@ function width(node) {
   return Math.max(240, node.clientWidth || 320);
 }
 
+// Resize only when the box changed: a resize every token would re-layout the page.
+function fit(plot, node, height) {
+  const w = width(node);
+  if (plot.width !== w) plot.setSize({ width: w, height });
+}
+
 export class ItlChart {
   constructor(node) {
     this.node = node;
@@ -25,7 +31,7 @@ export class ItlChart {
     const n = Math.max(clientItls.length, serverItls.length);
     const xs = Array.from({ length: n }, (_, i) => i + 2);
     const pad = (arr) => xs.map((_, i) => (i < arr.length ? arr[i] : null));
-    this.plot.setSize({ width: width(this.node), height: 150 });
+    fit(this.plot, this.node, 150);
     this.plot.setData([xs, pad(clientItls), pad(serverItls)]);
   }
 }
@@ -47,7 +53,7 @@ export class NormChart {
   }
 
   update(norms) {
-    this.plot.setSize({ width: width(this.node), height: 140 });
+    fit(this.plot, this.node, 140);
     this.plot.setData([norms.map((_, i) => i), norms]);
   }
 }
