@@ -8,9 +8,10 @@ succeeded, failed or its client left.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
@@ -47,6 +48,25 @@ def _method_not_allowed(request: HttpRequest, allowed: str) -> JsonResponse:
     return JsonResponse(exc.body(), status=405, headers={"Allow": allowed})
 
 
+ApiView = Callable[[HttpRequest, RequestContext], Awaitable[HttpResponse]]
+
+
+def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRequest], Awaitable[HttpResponse]]]:
+    """An API endpoint: one method (405 in OpenAI's shape otherwise), no CSRF (keys, not cookies), a RequestContext."""
+
+    def wrap(view: ApiView) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
+        @csrf_exempt
+        @functools.wraps(view)
+        async def endpoint_view(request: HttpRequest) -> HttpResponse:
+            if request.method != method:
+                return _method_not_allowed(request, method)
+            return await view(request, RequestContext(client.new_request_id(), endpoint, request.META.get("REMOTE_ADDR")))
+
+        return endpoint_view
+
+    return wrap
+
+
 async def _authenticate(ctx: RequestContext, request: HttpRequest) -> Identity:
     started = time.perf_counter()
     identity = await sync_to_async(identify_key)(request.headers.get("Authorization"))
@@ -55,11 +75,8 @@ async def _authenticate(ctx: RequestContext, request: HttpRequest) -> Identity:
     return identity
 
 
-@csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    if request.method != "POST":
-        return _method_not_allowed(request, "POST")
-    ctx = RequestContext(client.new_request_id(), "chat.completions", request.META.get("REMOTE_ADDR"))
+@api_view("POST", "chat.completions")
+async def chat_completions(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
     try:
         identity = await _authenticate(ctx, request)
         body = parse_chat_request(_body(request))
@@ -164,11 +181,8 @@ async def _settle(ctx: RequestContext, assembler: Assembler, status: int, error_
     )
 
 
-@csrf_exempt
-async def models(request: HttpRequest) -> HttpResponse:
-    if request.method != "GET":
-        return _method_not_allowed(request, "GET")
-    ctx = RequestContext(client.new_request_id(), "models", request.META.get("REMOTE_ADDR"))
+@api_view("GET", "models")
+async def models(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
     try:
         identity = await _authenticate(ctx, request)
     except GatewayError as exc:
@@ -181,12 +195,9 @@ async def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"object": "list", "data": data})
 
 
-@csrf_exempt
-async def tokenize(request: HttpRequest) -> HttpResponse:
+@api_view("POST", "tokenize")
+async def tokenize(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
     """POST {"model", "text"} → the ids and token strings the model would see for that text."""
-    if request.method != "POST":
-        return _method_not_allowed(request, "POST")
-    ctx = RequestContext(client.new_request_id(), "tokenize", request.META.get("REMOTE_ADDR"))
     try:
         identity = await _authenticate(ctx, request)
         body = _body(request)
