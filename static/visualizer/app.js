@@ -232,3 +232,33 @@ $("replay-run").addEventListener("click", () => {
   player.speed = speed() === "slow" ? "slow" : "live";
   player.replay(run, recorded);
 });
+
+// While the worker loads the model, say so, with its progress (from /health); requests sent meanwhile wait for it.
+async function watchModelLoading() {
+  const box = $("model-loading");
+  for (;;) {
+    let health;
+    try {
+      health = await (await fetch("/health")).json();
+    } catch {
+      health = null;
+    }
+    if (health?.ready) {
+      box.hidden = true;
+      return;
+    }
+    const model = health ? Object.entries(health.models).find(([, s]) => s.state !== "ready") : null;
+    box.hidden = false;
+    if (model) {
+      const [id, s] = model;
+      box.querySelector('[data-field="text"]').textContent =
+        s.state === "failed" ? `The model ${id} could not be loaded: ${s.detail}` : `Loading ${id}: ${s.stage ?? "starting"} ${s.done ?? 0}/${s.total ?? "?"} ${s.detail ?? ""}`;
+      const bar = box.querySelector('[data-field="bar"]');
+      bar.max = s.total || 1;
+      bar.value = s.done || 0;
+      if (s.state === "failed") return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 400));
+  }
+}
+watchModelLoading();

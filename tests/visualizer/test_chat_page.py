@@ -226,3 +226,30 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
 def test_the_watch_page_is_for_staff_only(page: Any, daphne_server: Any) -> None:
     page.goto(daphne_server.url + "/watch/")
     assert "/admin/login/" in page.url
+
+
+def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_path: Path) -> None:
+    """A cold start (empty weights cache): the page says the model is loading, then that it is ready."""
+    from servers import free_port, manage
+
+    port = free_port()
+    env = {**__import__("os").environ, "ROUNDTRIP_CACHE_DIR": str(tmp_path / "cold-cache"), "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
+           "ROUNDTRIP_MODELS": json.dumps([{"id": "smollm2-135m-instruct", "path": "", "aliases": []}])}
+    manage(env, "migrate", "--noinput")
+    server = start(env, tmp_path / "server.log", "serve", "--port", str(port))
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        for _ in range(100):
+            try:
+                page.goto(url)
+                break
+            except Exception:
+                page.wait_for_timeout(100)
+        page.wait_for_selector("#model-loading:not([hidden])", timeout=15000)
+        assert "Loading smollm2-135m-instruct" in page.inner_text("#model-loading")
+        page.wait_for_selector("#model-loading[hidden]", timeout=120000)
+    finally:
+        context.close()
+        stop([server])
