@@ -56,3 +56,10 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def clear_of_minute_edge(margin: float = 15.0) -> None:
+    """Sleep past the next minute boundary if it is near, so a burst of requests counts in one rate window."""
+    left = 60 - time.time() % 60
+    if left < margin:
+        time.sleep(left + 0.5)

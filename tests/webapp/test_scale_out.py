@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from openai import OpenAI
 
-from servers import free_port, manage, start, stop, wait_ready
+from servers import clear_of_minute_edge, free_port, manage, start, stop, wait_ready
 
 HI = [{"role": "user", "content": "the heat is on"}]
 
@@ -50,6 +50,7 @@ def cluster(postgres_url: str, redis_url: str, tiny_model_path: Path, tmp_path: 
 def test_two_web_processes_share_one_worker_the_limits_and_the_database(cluster: tuple[list[str], dict[str, str], list[Path]]) -> None:
     urls, env, logs = cluster
     key = manage(env, "createapikey", "cluster", "--rpm", "3").strip()
+    clear_of_minute_edge()
     answers = []
     for url in urls:
         stream = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).chat.completions.create(
