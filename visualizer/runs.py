@@ -99,6 +99,7 @@ class Run:
                 status, code = 499, "cancelled"
         except GatewayError as exc:
             status, code = exc.status, exc.code or exc.type
+            await asyncio.shield(self.cancel())  # nothing may keep running (or stay paused) for a turn that ended
             yield {"type": "error", "status": exc.status, "code": exc.code, "message": exc.message, "param": exc.param}
         except asyncio.CancelledError:
             status, code = 499, "client_closed_request"

@@ -64,6 +64,7 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None
         return [part async for part in _stream(_ctx(), _request(), generation)]
 
     parts = run_async(collect())
+    assert generation.cancelled  # the worker is told to stop
     assert parts[-1] == b"data: [DONE]\n\n"
     error = json.loads(parts[-2].removeprefix(b"data: "))
     assert error == {"error": {"message": "The model failed: boom", "type": "server_error", "param": None, "code": "server_error"}}

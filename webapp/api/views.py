@@ -117,6 +117,7 @@ async def _complete(ctx: RequestContext, body: ChatRequest, generation: client.G
         return JsonResponse(result, headers={**ctx.headers(), "x-roundtrip-timings": json.dumps(result["roundtrip_timings"])})
     except GatewayError as exc:
         status, error_code = exc.status, exc.code or exc.type
+        await asyncio.shield(generation.cancel())
         return _error(exc, ctx)
     except asyncio.CancelledError:  # the client left: stop the model
         status, error_code = 499, "client_closed_request"
@@ -158,6 +159,7 @@ async def _stream(ctx: RequestContext, body: ChatRequest, generation: client.Gen
                 yield sse(usage_chunk)
         except GatewayError as exc:  # after the stream started: an error event, then [DONE]
             status, error_code = exc.status, exc.code or exc.type
+            await asyncio.shield(generation.cancel())
             yield sse(exc.body())
         except Exception as exc:
             status, error_code = 500, "server_error"

@@ -31,9 +31,11 @@ def _layer() -> BaseChannelLayer:
     return layer
 
 
-async def _receive(layer: BaseChannelLayer, channel: str) -> dict[str, Any]:
+async def _receive(layer: BaseChannelLayer, channel: str, patient: bool = False) -> dict[str, Any]:
+    """The next reply; a silent worker is a 503 after ROUNDTRIP_WORKER_TIMEOUT unless `patient` (step mode waits for a person)."""
     try:
-        message: dict[str, Any] = await asyncio.wait_for(layer.receive(channel), settings.ROUNDTRIP_WORKER_TIMEOUT)
+        timeout = None if patient else settings.ROUNDTRIP_WORKER_TIMEOUT
+        message: dict[str, Any] = await asyncio.wait_for(layer.receive(channel), timeout)
     except asyncio.TimeoutError:
         raise GatewayError(
             503, "The inference worker did not answer in time; retry shortly.", "server_error", "worker_timeout", headers={"Retry-After": "5"}
@@ -52,8 +54,9 @@ def _raise_for(message: dict[str, Any]) -> None:
 class Generation:
     """One request's replies. `start()` waits until the worker accepted it (or raises its error)."""
 
-    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str) -> None:
+    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str, step: bool = False) -> None:
         self.layer = layer
+        self.step = step
         self.request_id = request_id
         self.reply_to = reply_to
         self.control: str | None = None
@@ -75,7 +78,7 @@ class Generation:
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         """Trace events until "finished" (or the worker confirms a cancel); an error reply mid-stream raises GatewayError."""
         while self.finished is None:
-            message = await _receive(self.layer, self.reply_to)
+            message = await _receive(self.layer, self.reply_to, patient=self.step)
             _raise_for(message)
             if message.get("type") == "cancelled":
                 self.cancelled = True
@@ -111,7 +114,7 @@ async def generate(
     """Send a generate request to the model's workers and wait until it is accepted."""
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
-    generation = Generation(layer, request_id or new_request_id(), reply_to)
+    generation = Generation(layer, request_id or new_request_id(), reply_to, step)
     await layer.send(
         route.work_channel,
         {
