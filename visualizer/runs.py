@@ -113,7 +113,7 @@ class Run:
                 sync_to_async(record_usage)(ctx, status, finish, code, usage["prompt_tokens"], usage["completion_tokens"], ttft)
             )
         if assembler.finished is not None:
-            await sync_to_async(self._save_exchange)(ctx.request_id, "".join(assembler.text))
+            await sync_to_async(self._save_exchange)(ctx.request_id, request.messages, "".join(assembler.text))
         yield {
             "type": "usage",
             "record": {"id": record.pk, "request_id": record.request_id, "status": record.status, "finish_reason": record.finish_reason,
@@ -123,13 +123,14 @@ class Run:
         }
         yield {"type": "done", "request_id": ctx.request_id, "conversation": self.payload.get("conversation")}
 
-    def _save_exchange(self, request_id: str, answer: str) -> None:
+    def _save_exchange(self, request_id: str, messages: list[dict[str, str]], answer: str) -> None:
+        """Keep the turn: in the conversation the page named (if it is this visitor's), else in a new one."""
         conversation_id = self.payload.get("conversation")
-        question = self.payload["messages"][-1]["content"]
+        question = messages[-1]["content"]
         owned = Conversation.owned_by(self.visitor.user_id, self.visitor.session_key)
         conversation = owned.filter(pk=conversation_id).first() if isinstance(conversation_id, int) else None
         if conversation is None:
-            system = next((m["content"] for m in self.payload["messages"] if m.get("role") == "system"), "")
+            system = next((m["content"] for m in messages if m["role"] == "system"), "")
             conversation = Conversation.objects.create(
                 user_id=self.visitor.user_id, session_key=self.visitor.session_key, title=question[:80] or "(empty)", system_prompt=system
             )

@@ -27,6 +27,7 @@ from inference.trace_json import detail_to_dict, event_to_dict
 from webapp.worker.protocol import error_reply, params_from_dict
 
 log = logging.getLogger("roundtrip.worker")
+STEP_IDLE_LIMIT = 1800.0  # seconds a step-mode request may wait for "next" before it is dropped
 INSPECT_BUDGET_POSITIONS = 2048  # asked for on purpose, one token at a time: a bigger budget than live frames
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -39,7 +40,7 @@ class Job:
     stream: Generator[TraceEvent, None, None] | None = None
     started_at: float = 0.0
     cancelled: bool = False
-    paused: bool = False  # step mode: waiting for "next" after a token
+    paused_since: float | None = None  # step mode: waiting for "next" after a token, since then
     reply_to: str = field(init=False)
     request_id: str = field(init=False)
 
@@ -127,7 +128,7 @@ class EngineRunner:
         with self._lock:
             job = self._jobs.get(request_id)
         if job is not None:
-            job.paused = False
+            job.paused_since = None
             self._wake.set()
 
     def tokenize(self, model_id: str, message: dict[str, Any]) -> None:
@@ -149,11 +150,14 @@ class EngineRunner:
                     active.append(job)
                 else:
                     self._forget(job)
-            if active and all(job.paused and not job.cancelled for job in active):
+            if active and all(job.paused_since is not None and not job.cancelled for job in active):
                 self._wake.wait(1.0)  # every active request waits for its student: sleep, do not spin
             self._wake.clear()
+            now = time.perf_counter()
             for job in list(active):
-                if job.paused and not job.cancelled:
+                if job.paused_since is not None and now - job.paused_since > STEP_IDLE_LIMIT:
+                    job.cancelled = True  # its student left without a word
+                if job.paused_since is not None and not job.cancelled:
                     continue
                 if not self._advance(job):
                     active.remove(job)
@@ -235,7 +239,7 @@ class EngineRunner:
             data["timings"]["queue"] = job.started_at - job.received_at
         self._emit(job.reply_to, {"type": "event", "request_id": job.request_id, "event": data})
         if data["event"] == "text" and job.message.get("step"):
-            job.paused = True
+            job.paused_since = time.perf_counter()
         return not isinstance(event, Finished)
 
 
