@@ -31,6 +31,7 @@ const socket = new PipelineSocket("/ws/pipeline/", {
     const line = $("socket-status");
     line.className = `status ${status}`;
     line.textContent = { connected: "connected", reconnected: "reconnected", reconnecting: "connection lost — reconnecting…" }[status];
+    if (status === "reconnected") watchModelLoading(); // a restarted server loads its model again
     if (status === "reconnecting" && state.run && !state.run.done) {
       state.run.done = true;
       showError("The connection dropped during this answer; it was stopped. Send again when reconnected.");
@@ -235,7 +236,16 @@ $("replay-run").addEventListener("click", () => {
 
 // While the worker loads the model, say so, with its progress (from /health); requests sent meanwhile wait for it.
 async function watchModelLoading() {
-  const box = $("model-loading");
+  if (state.watchingLoad) return;
+  state.watchingLoad = true;
+  try {
+    await pollHealth($("model-loading"));
+  } finally {
+    state.watchingLoad = false;
+  }
+}
+
+async function pollHealth(box) {
   for (;;) {
     let health;
     try {
@@ -249,6 +259,7 @@ async function watchModelLoading() {
     }
     const model = health ? Object.entries(health.models).find(([, s]) => s.state !== "ready") : null;
     box.hidden = false;
+    if (!health) box.querySelector('[data-field="text"]').textContent = "Waiting for the server to answer…";
     if (model) {
       const [id, s] = model;
       box.querySelector('[data-field="text"]').textContent =

@@ -174,6 +174,7 @@ def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tin
         stop([server])
         page.wait_for_selector(".status.reconnecting", timeout=15000)
         assert "reconnecting" in page.inner_text("#socket-status")
+        assert not page.is_visible("#model-loading")
         screenshot(page, "reconnecting")
         server = start(env, tmp_path / "b.log", "serve", "--port", str(port))
         wait_ready(url, [server], [tmp_path / "b.log"])
@@ -228,7 +229,7 @@ def test_the_watch_page_is_for_staff_only(page: Any, daphne_server: Any) -> None
     assert "/admin/login/" in page.url
 
 
-def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_path: Path) -> None:
+def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_path: Path, screenshot: Any) -> None:
     """A cold start (empty weights cache): the page says the model is loading, then that it is ready."""
     from servers import free_port, manage
 
@@ -249,7 +250,8 @@ def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_pa
                 page.wait_for_timeout(100)
         page.wait_for_selector("#model-loading:not([hidden])", timeout=15000)
         assert "Loading smollm2-135m-instruct" in page.inner_text("#model-loading")
-        page.wait_for_selector("#model-loading[hidden]", timeout=120000)
+        screenshot(page.locator(".chat"), "model-loading")
+        page.wait_for_selector("#model-loading", state="hidden", timeout=120000)
     finally:
         context.close()
         stop([server])
