@@ -9,6 +9,7 @@ trace needs at `full` level; without one the forward does no extra work.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -39,14 +40,30 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
 
-    def update(self, layer: int, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write k, v [B, n_kv, T, hd] at positions input_pos [B, T]; return the cache up to the longest row."""
+    def update(self, layer: int, pos: Positions, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v [B, n_kv, T, hd] at their positions; return the cache up to the longest row."""
         rows = torch.arange(k.shape[0], device=k.device)[:, None]  # [B, 1]
         # Advanced indices around a slice put their dims first: the target view is [B, T, n_kv, hd].
-        self.k[layer][rows, :, input_pos] = k.transpose(1, 2)
-        self.v[layer][rows, :, input_pos] = v.transpose(1, 2)
+        self.k[layer][rows, :, pos.input_pos] = k.transpose(1, 2)
+        self.v[layer][rows, :, pos.input_pos] = v.transpose(1, 2)
+        return self.k[layer, :, :, : pos.kv_len], self.v[layer, :, :, : pos.kv_len]
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where one forward's tokens sit, computed once and shared by every layer (one host sync per forward)."""
+
+    input_pos: Tensor  # [B, T]
+    freqs: Tensor  # [B, T, rope_dim / 2] complex rotations
+    mask: Tensor  # [B, 1, T, S] the query at position p sees cache slots 0..p
+    kv_len: int  # S: cached positions of the longest row after this forward
+
+    @classmethod
+    def of(cls, input_pos: Tensor, freqs_cis: Tensor) -> Positions:
         kv_len = int(input_pos.max()) + 1
-        return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+        slots = torch.arange(kv_len, device=input_pos.device)
+        mask = (slots[None, None, :] <= input_pos[:, :, None])[:, None]  # [B, 1, T, S]
+        return cls(input_pos, freqs_cis[input_pos], mask, kv_len)
 
 
 class RMSNorm(nn.Module):
@@ -97,30 +114,23 @@ class Block(nn.Module):
         self.ffn_up = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.ffn_down = nn.Linear(c.ffn_dim, c.dim, bias=False)
 
-    def forward(
-        self, x: Tensor, freqs: Tensor, input_pos: Tensor, cache: KVCache, layer: int, probe: ForwardProbe | None
-    ) -> Tensor:
-        h = x + self.attention(self.attn_norm(x), freqs, input_pos, cache, layer, probe)
+    def forward(self, x: Tensor, pos: Positions, cache: KVCache, layer: int, probe: ForwardProbe | None) -> Tensor:
+        h = x + self.attention(self.attn_norm(x), pos, cache, layer, probe)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def attention(
-        self, x: Tensor, freqs: Tensor, input_pos: Tensor, cache: KVCache, layer: int, probe: ForwardProbe | None
-    ) -> Tensor:
+    def attention(self, x: Tensor, pos: Positions, cache: KVCache, layer: int, probe: ForwardProbe | None) -> Tensor:
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
         B, T, _ = x.shape
         q = self.attn_q(x).view(B, T, c.n_heads, c.head_dim)  # [B, T, H, hd]
         k = self.attn_k(x).view(B, T, c.n_kv_heads, c.head_dim)  # [B, T, KV, hd]
         v = self.attn_v(x).view(B, T, c.n_kv_heads, c.head_dim)  # [B, T, KV, hd]
-        q, k = apply_rope(q, freqs), apply_rope(k, freqs)
+        q, k = apply_rope(q, pos.freqs), apply_rope(k, pos.freqs)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, T, hd]
-        keys, values = cache.update(layer, input_pos, k, v)  # [B, KV, S, hd]
-        # Causal mask from positions: the query at position p sees cache slots 0..p.
-        slots = torch.arange(keys.shape[2], device=x.device)
-        mask = (slots[None, None, :] <= input_pos[:, :, None])[:, None]  # [B, 1, T, S]
+        keys, values = cache.update(layer, pos, k, v)  # [B, KV, S, hd]
         if probe is not None:
-            probe.on_attention(layer, q, keys, mask)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # [B, H, T, hd]
+            probe.on_attention(layer, q, keys, pos.mask)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=pos.mask, enable_gqa=True)  # [B, H, T, hd]
         return self.attn_output(y.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))  # [B, T, dim]
 
     def feed_forward(self, x: Tensor) -> Tensor:
@@ -155,11 +165,11 @@ class Transformer(nn.Module):
         x = self.token_embd(tokens)  # [B, T, dim]
         if self.freqs_cis.device != tokens.device:
             self.freqs_cis = self.freqs_cis.to(tokens.device)
-        freqs = self.freqs_cis[input_pos]  # [B, T, rope_dim / 2]
+        pos = Positions.of(input_pos, self.freqs_cis)
         for layer, block in enumerate(self.blk):
             if probe is not None:
                 probe.on_residual(layer, x)
-            x = block(x, freqs, input_pos, cache, layer, probe)
+            x = block(x, pos, cache, layer, probe)
         if probe is not None:
             probe.on_residual(self.config.n_layers, x)
         x = self.output_norm(x if all_logits else x[:, -1])
