@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from inference.chat_template import Message
 from inference.errors import InferenceError
 from inference.loader import load_model
 from inference.pipeline import ChatPipeline
@@ -34,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{loaded.model_id} on {loaded.device} ({loaded.dtype}), loaded in {loaded.load_seconds:.2f}s"
               f"{' from cache' if loaded.from_cache else ''}]", file=sys.stderr)
         pipeline = ChatPipeline(loaded)
-        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages: list[Message] = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})
         params = SamplingParams(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed
         )
-        request = pipeline.prepare(messages, params)  # type: ignore[arg-type]
+        request = pipeline.prepare(messages, params)
         for event in pipeline.stream(request):
             if isinstance(event, TextDelta):
                 print(event.text, end="", flush=True)
