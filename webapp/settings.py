@@ -78,13 +78,22 @@ DATABASES = {
 }
 
 REDIS_URL = env_str("REDIS_URL", "")
+# Requests may wait in a work channel while a (big) model loads: keep messages for 5 minutes, not 1.
+CHANNEL_EXPIRY = env_int("ROUNDTRIP_CHANNEL_EXPIRY", 300)
 if REDIS_URL:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that channels_redis blocks
+            # in BZPOPMIN: the two race and a quiet channel raises TimeoutError. Give reads room.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": CHANNEL_EXPIRY},
+        }
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000, "expiry": CHANNEL_EXPIRY}}
+    }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "roundtrip"}}
 
 # --- The models -------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ def cluster(postgres_url: str, redis_url: str, tiny_model_path: Path, tmp_path: 
         yield urls, env, logs
     finally:
         stop(processes)
+        for log in logs:  # shown by pytest only when the test failed
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
 
 
 def test_two_web_processes_share_one_worker_the_limits_and_the_database(cluster: tuple[list[str], dict[str, str], list[Path]]) -> None:
