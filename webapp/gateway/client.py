@@ -40,7 +40,24 @@ async def _receive(layer: BaseChannelLayer, channel: str, patient: bool = False)
         raise GatewayError(
             503, "The inference worker did not answer in time; retry shortly.", "server_error", "worker_timeout", headers={"Retry-After": "5"}
         ) from None
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # Redis down or the like: an answer in the API's own format, not a crash
+        raise _layer_failed(exc) from exc
     return message
+
+
+def _layer_failed(exc: Exception) -> GatewayError:
+    return GatewayError(503, f"The channel layer failed ({type(exc).__name__}); retry shortly.", "server_error", "channel_layer_error", headers={"Retry-After": "2"})
+
+
+async def _send(layer: BaseChannelLayer, channel: str, message: dict[str, Any]) -> None:
+    try:
+        await layer.send(channel, message)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        raise _layer_failed(exc) from exc
 
 
 def _raise_for(message: dict[str, Any]) -> None:
@@ -93,12 +110,15 @@ class Generation:
     async def next_token(self) -> None:
         """Step mode: let the worker produce the next token."""
         if self.control and self.finished is None:
-            await self.layer.send(self.control, {"type": "next", "request_id": self.request_id})
+            await _send(self.layer, self.control, {"type": "next", "request_id": self.request_id})
 
     async def cancel(self) -> None:
         """Tell the worker to stop (the client left or asked); harmless once it has finished."""
         if self.control and self.finished is None and not self.cancelled:
-            await self.layer.send(self.control, {"type": "cancel", "request_id": self.request_id})
+            try:
+                await self.layer.send(self.control, {"type": "cancel", "request_id": self.request_id})
+            except Exception:  # best effort: a worker that cannot be told drops the request when its replies bounce
+                pass
 
 
 async def generate(
@@ -115,7 +135,8 @@ async def generate(
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
     generation = Generation(layer, request_id or new_request_id(), reply_to, step)
-    await layer.send(
+    await _send(
+        layer,
         route.work_channel,
         {
             "type": "generate",
@@ -141,7 +162,7 @@ async def generate(
 async def tokenize(route: ModelRoute, text: str) -> dict[str, Any]:
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
-    await layer.send(route.work_channel, {"type": "tokenize", "request_id": new_request_id(), "reply_to": reply_to, "text": text})
+    await _send(layer, route.work_channel, {"type": "tokenize", "request_id": new_request_id(), "reply_to": reply_to, "text": text})
     message = await _receive(layer, reply_to)
     _raise_for(message)
     return message
@@ -151,7 +172,7 @@ async def inspect(route: ModelRoute, ids: list[int]) -> dict[str, Any]:
     """Full-level detail (attention, norms, logit lens) for the last of `ids`, recomputed by the worker."""
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
-    await layer.send(route.work_channel, {"type": "inspect", "request_id": new_request_id(), "reply_to": reply_to, "ids": ids, "sent_at": time.time()})
+    await _send(layer, route.work_channel, {"type": "inspect", "request_id": new_request_id(), "reply_to": reply_to, "ids": ids, "sent_at": time.time()})
     while True:
         message = await _receive(layer, reply_to)
         _raise_for(message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer, get_channel_layer
@@ -62,6 +62,10 @@ class Outbox:
             except ChannelFull:  # nobody is reading: the client is gone
                 if self.runner is not None:
                     self.runner.cancel(message.get("request_id", ""))
+            except Exception:  # the layer failed: this request cannot be answered, the others may still be
+                log.exception("sending to %s failed; dropping that request", channel)
+                if self.runner is not None:
+                    self.runner.cancel(message.get("request_id", ""))
 
 
 async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = True) -> None:
@@ -110,11 +114,24 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
         await loop.run_in_executor(None, runner.stop)
 
 
+async def _messages(layer: BaseChannelLayer, channel: str) -> AsyncIterator[dict[str, Any]]:
+    """Messages on `channel`, forever: a channel-layer hiccup (Redis restarting, a timeout) is logged and retried."""
+    while True:
+        try:
+            message: dict[str, Any] = await layer.receive(channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("receiving on %s failed; retrying", channel)
+            await asyncio.sleep(1.0)
+            continue
+        yield message
+
+
 async def _consume_work(layer: BaseChannelLayer, route: ModelRoute, runner: EngineRunner, ready: asyncio.Event) -> None:
     """Requests wait in the channel until the model is loaded, then go to the engine thread."""
     await ready.wait()
-    while True:
-        message = await layer.receive(route.work_channel)
+    async for message in _messages(layer, route.work_channel):
         try:
             if route.id in runner.failures:
                 reason = f"The model {route.id!r} could not be loaded: {runner.failures[route.id]}"
@@ -131,8 +148,7 @@ async def _consume_work(layer: BaseChannelLayer, route: ModelRoute, runner: Engi
 
 
 async def _consume_control(layer: BaseChannelLayer, channel: str, runner: EngineRunner) -> None:
-    while True:
-        message = await layer.receive(channel)
+    async for message in _messages(layer, channel):
         if message.get("type") == "cancel":
             runner.cancel(str(message.get("request_id", "")))
         elif message.get("type") == "next":

@@ -1,0 +1,46 @@
+"""The web side's channel-layer client: a failing or silent layer becomes a 503 in the API's own format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from inference.sampling import SamplingParams
+from loops import run_async
+from webapp.gateway import client
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.routing import ModelRoute
+
+ROUTE = ModelRoute("tiny", "", ())
+
+
+class BrokenLayer:
+    async def new_channel(self, prefix: str = "") -> str:
+        return prefix + "x"
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        raise ConnectionError("Redis is down")
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        raise ConnectionError("Redis is down")
+
+
+class SilentLayer(BrokenLayer):
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        return None
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        import asyncio
+
+        await asyncio.sleep(3600)
+        return {}
+
+
+@pytest.mark.parametrize("layer, code", [(BrokenLayer(), "channel_layer_error"), (SilentLayer(), "worker_timeout")])
+def test_a_broken_or_silent_layer_is_a_503_with_retry_after(monkeypatch: pytest.MonkeyPatch, layer: Any, code: str) -> None:
+    monkeypatch.setattr(client, "get_channel_layer", lambda: layer)
+    with override_settings(ROUNDTRIP_WORKER_TIMEOUT=0.2), pytest.raises(GatewayError) as info:
+        run_async(client.generate(ROUTE, [{"role": "user", "content": "hi"}], SamplingParams()))
+    assert info.value.status == 503 and info.value.code == code and "Retry-After" in info.value.headers
