@@ -200,7 +200,7 @@ def test_tokens_faster_than_the_page_draws_are_never_lost(page: Any) -> None:
     assert page.locator('#stage-stream [data-field="frames"] li').count() == min(40, shown)
 
 
-def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_key: Any) -> None:
+def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_key: Any, screenshot: Any) -> None:
     from django.contrib.auth.models import User
 
     User.objects.create_superuser("boss", "boss@example.com", "a-long-password-1")
@@ -220,6 +220,7 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         page.wait_for_function("document.querySelector('#watch p').textContent.includes('tokens')", timeout=15000)
         assert page.inner_text("#watch .bubble") == reply.json()["choices"][0]["message"]["content"]
         assert reply.json()["id"] in page.inner_text("#watch h3")
+        screenshot(page, "watch")
     finally:
         context.close()
 
