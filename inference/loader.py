@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from inference import weights_cache
@@ -21,6 +20,7 @@ from inference.config import ModelConfig
 from inference.errors import ModelFileError
 from inference.gguf_file import GGUFFile, TokenizerData
 from inference.model import Transformer
+from inference.plain import to_plain
 from inference.progress import LoadProgress, ProgressCallback
 from inference.tokenizer import BPETokenizer
 
@@ -141,7 +141,7 @@ def _read_gguf(path: str, report: ProgressCallback) -> tuple[dict[str, Any], dic
         names, lambda done, total, name: report(LoadProgress("dequantizing", done, total, name))
     ):
         weights[name] = torch.from_numpy(array)
-    meta = {"metadata": _json_safe(gguf.metadata), "tokenizer": tok.__dict__}
+    meta = {"metadata": to_plain(gguf.metadata), "tokenizer": tok.__dict__}
     return meta, weights
 
 
@@ -175,13 +175,3 @@ def _build_transformer(
     if "output.weight" not in weights:
         model.output.weight = model.token_embd.weight
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value

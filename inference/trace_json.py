@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.plain import to_plain
 from inference.tokenizer import BPETokenizer
 from inference.trace import ContextBuilt, Finished, ForwardStep, LayerDetail, Sampled, TextDelta, Tokenized, TraceEvent
 
@@ -33,7 +34,7 @@ EVENT_TYPES: dict[type, str] = {
 
 def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
     """{"event": <type>, ...fields}; token ids gain their text, arrays become (rounded) lists."""
-    data: dict[str, Any] = {"event": EVENT_TYPES[type(event)], **_plain(dataclasses.asdict(event))}
+    data: dict[str, Any] = {"event": EVENT_TYPES[type(event)], **to_plain(dataclasses.asdict(event))}
     text = tokenizer.token_text
     raw = tokenizer.token_bytes
     if isinstance(event, Tokenized):
@@ -88,15 +89,3 @@ def attention_to_dict(attention: np.ndarray, budget: int = ATTENTION_BUDGET_POSI
         "row_max": np.round(row_max[..., 0].astype(np.float64), 5).tolist(),
         "data": base64.b64encode(quantized.tobytes()).decode("ascii"),
     }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return np.round(value.astype(np.float64), 4).tolist()
-    if isinstance(value, bytes):
-        return list(value)
-    return value

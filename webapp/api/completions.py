@@ -91,17 +91,15 @@ def timings(ctx: RequestContext, assembler: Assembler) -> dict[str, Any]:
     return out
 
 
-def chunk(ctx: RequestContext, created: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+def _envelope(ctx: RequestContext, created: int, kind: str) -> dict[str, Any]:
+    """The fields every chat.completion and chat.completion.chunk object starts with."""
     assert ctx.route is not None
-    return {
-        "id": ctx.request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": ctx.route.id,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": {"content": logprobs} if logprobs is not None else None, "finish_reason": finish_reason}],
-        **extra,
-    }
+    return {"id": ctx.request_id, "object": kind, "created": created, "model": ctx.route.id, "system_fingerprint": None}
+
+
+def chunk(ctx: RequestContext, created: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "logprobs": {"content": logprobs} if logprobs is not None else None, "finish_reason": finish_reason}
+    return {**_envelope(ctx, created, "chat.completion.chunk"), "choices": [choice], **extra}
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -111,13 +109,8 @@ def sse(data: dict[str, Any] | str) -> bytes:
 
 
 def completion(ctx: RequestContext, created: int, assembler: Assembler) -> dict[str, Any]:
-    assert ctx.route is not None
     return {
-        "id": ctx.request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": ctx.route.id,
-        "system_fingerprint": None,
+        **_envelope(ctx, created, "chat.completion"),
         "choices": [
             {
                 "index": 0,

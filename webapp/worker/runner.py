@@ -117,18 +117,19 @@ class EngineRunner:
 
     def cancel(self, request_id: str) -> None:
         """Stop a request (its client left); it is dropped before its next token."""
-        with self._lock:
-            job = self._jobs.get(request_id)
-        if job is not None:
-            job.cancelled = True
-            self._wake.set()
+        self._update(request_id, cancelled=True)
 
     def next_token(self, request_id: str) -> None:
         """Step mode: let a paused request produce its next token."""
+        self._update(request_id, paused_since=None)
+
+    def _update(self, request_id: str, **changes: Any) -> None:
+        """Change a known job's flags from another thread and wake the engine loop to see them."""
         with self._lock:
             job = self._jobs.get(request_id)
         if job is not None:
-            job.paused_since = None
+            for name, value in changes.items():
+                setattr(job, name, value)
             self._wake.set()
 
     def tokenize(self, model_id: str, message: dict[str, Any]) -> None:

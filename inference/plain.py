@@ -1,0 +1,26 @@
+"""Turning nested results into plain JSON-safe values (dicts, lists, str, int, float, bool, None).
+
+Shared by the weights cache (GGUF metadata) and the trace serializer, so msgpack (Redis)
+and JSON both carry what they produce.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def to_plain(value: Any, decimals: int = 4) -> Any:
+    """Recursively: numpy scalars become Python numbers, arrays rounded lists, bytes lists of ints."""
+    if isinstance(value, dict):
+        return {k: to_plain(v, decimals) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v, decimals) for v in value]
+    if isinstance(value, np.ndarray):
+        return np.round(value.astype(np.float64), decimals).tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bytes):
+        return list(value)
+    return value
