@@ -14,7 +14,7 @@ from inference.errors import InferenceError
 from inference.loader import load_model
 from inference.pipeline import ChatPipeline
 from inference.progress import terminal_progress
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
 from inference.trace import Finished, TextDelta
 
 

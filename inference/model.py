@@ -1,69 +1,35 @@
 """The LLaMA-family transformer, top-down, with module names that match the GGUF tensor names.
 
-`Transformer.forward` takes a batch of sequences `[B, T]` with their positions `[B, T]`
-and a `KVCache` holding one row per sequence, so the same code serves one request's
-prefill, its single-token decode steps, and (later) several sequences decoded in one
-batched forward. A `ForwardProbe`, when given, is shown the intermediate tensors the
-trace needs at `full` level; without one the forward does no extra work.
+`Transformer.forward` takes the tokens of a whole engine step flattened into `[N]` —
+a decode token for each running sequence and chunks of prompt for newcomers — with a
+`BatchPlan` saying which sequence, cache slot and position each token is, and a
+`SlotCache` holding every sequence's keys and values. Projections and the feed-forward
+run on all N tokens at once; attention runs per group of the plan. `ForwardProbe`s, when
+given, watch single tokens for the trace's `full` level; without them the forward does
+no extra work.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from inference.batch import AttentionGroup, BatchPlan
 from inference.config import ModelConfig
+from inference.kv_cache import SlotCache
 
 
 class ForwardProbe(Protocol):
-    """Receives intermediate tensors during a forward pass (see `inference.probe`)."""
+    """Watches one token of a forward pass (see `inference.probe`)."""
 
-    def on_residual(self, layer: int, h: Tensor) -> None: ...
+    def on_residual(self, layer: int, h: Tensor) -> None:
+        """The residual stream [dim] entering `layer` (and, with layer == n_layers, leaving the last one)."""
 
-    def on_attention(self, layer: int, q: Tensor, k: Tensor, mask: Tensor) -> None: ...
-
-
-class KVCache:
-    """Keys and values for `batch` sequences, preallocated to `max_len` positions.
-
-    Stored as [n_layers, batch, n_kv_heads, max_len, head_dim] so one layer's slice is
-    exactly the key/value layout attention reads.
-    """
-
-    def __init__(self, config: ModelConfig, batch: int, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
-        shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
-
-    def update(self, layer: int, pos: Positions, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write k, v [B, n_kv, T, hd] at their positions; return the cache up to the longest row."""
-        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # [B, 1]
-        # Advanced indices around a slice put their dims first: the target view is [B, T, n_kv, hd].
-        self.k[layer][rows, :, pos.input_pos] = k.transpose(1, 2)
-        self.v[layer][rows, :, pos.input_pos] = v.transpose(1, 2)
-        return self.k[layer, :, :, : pos.kv_len], self.v[layer, :, :, : pos.kv_len]
-
-
-@dataclass(frozen=True)
-class Positions:
-    """Where one forward's tokens sit, computed once and shared by every layer (one host sync per forward)."""
-
-    input_pos: Tensor  # [B, T]
-    freqs: Tensor  # [B, T, rope_dim / 2] complex rotations
-    mask: Tensor  # [B, 1, T, S] the query at position p sees cache slots 0..p
-    kv_len: int  # S: cached positions of the longest row after this forward
-
-    @classmethod
-    def of(cls, input_pos: Tensor, freqs_cis: Tensor) -> Positions:
-        kv_len = int(input_pos.max()) + 1
-        slots = torch.arange(kv_len, device=input_pos.device)
-        mask = (slots[None, None, :] <= input_pos[:, :, None])[:, None]  # [B, 1, T, S]
-        return cls(input_pos, freqs_cis[input_pos], mask, kv_len)
+    def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
+        """The token's queries [H, hd] and every key it may see [KV, S, hd]."""
 
 
 class RMSNorm(nn.Module):
@@ -89,13 +55,18 @@ def rope_frequencies(config: ModelConfig, device: torch.device) -> Tensor:
 def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
     """Rotate adjacent pairs (x[2i], x[2i+1]): llama.cpp's converter permuted Q and K for this layout.
 
-    x: [B, T, H, hd]; freqs: [B, T, rope_dim / 2].
+    x: [N, H, hd]; freqs: [N, rope_dim / 2].
     """
     rot = freqs.shape[-1] * 2
-    pairs = x[..., :rot].float().reshape(*x.shape[:-1], -1, 2)  # [B, T, H, rot/2, 2]
-    rotated = torch.view_as_complex(pairs) * freqs[:, :, None, :]  # [B, T, H, rot/2]
-    out = torch.view_as_real(rotated).flatten(-2)  # [B, T, H, rot]
+    pairs = x[..., :rot].float().reshape(*x.shape[:-1], -1, 2)  # [N, H, rot/2, 2]
+    rotated = torch.view_as_complex(pairs) * freqs[:, None, :]  # [N, H, rot/2]
+    out = torch.view_as_real(rotated).flatten(-2)  # [N, H, rot]
+    if rot == x.shape[-1]:
+        return out.to(x.dtype)
     return torch.cat([out.to(x.dtype), x[..., rot:]], dim=-1)
+
+
+Probes = dict[int, ForwardProbe]  # token index in the flattened batch -> its probe
 
 
 class Block(nn.Module):
@@ -114,28 +85,52 @@ class Block(nn.Module):
         self.ffn_up = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.ffn_down = nn.Linear(c.ffn_dim, c.dim, bias=False)
 
-    def forward(self, x: Tensor, pos: Positions, cache: KVCache, layer: int, probe: ForwardProbe | None) -> Tensor:
-        h = x + self.attention(self.attn_norm(x), pos, cache, layer, probe)
+    def forward(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
+        h = x + self.attention(self.attn_norm(x), plan, cache, layer, probes)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def attention(self, x: Tensor, pos: Positions, cache: KVCache, layer: int, probe: ForwardProbe | None) -> Tensor:
+    def attention(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
-        B, T, _ = x.shape
-        q = self.attn_q(x).view(B, T, c.n_heads, c.head_dim)  # [B, T, H, hd]
-        k = self.attn_k(x).view(B, T, c.n_kv_heads, c.head_dim)  # [B, T, KV, hd]
-        v = self.attn_v(x).view(B, T, c.n_kv_heads, c.head_dim)  # [B, T, KV, hd]
-        q, k = apply_rope(q, pos.freqs), apply_rope(k, pos.freqs)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, T, hd]
-        keys, values = cache.update(layer, pos, k, v)  # [B, KV, S, hd]
-        if probe is not None:
-            probe.on_attention(layer, q, keys, pos.mask)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=pos.mask, enable_gqa=True)  # [B, H, T, hd]
-        return self.attn_output(y.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))  # [B, T, dim]
+        N = x.shape[0]
+        q = self.attn_q(x).view(N, c.n_heads, c.head_dim)  # [N, H, hd]
+        k = self.attn_k(x).view(N, c.n_kv_heads, c.head_dim)  # [N, KV, hd]
+        v = self.attn_v(x).view(N, c.n_kv_heads, c.head_dim)  # [N, KV, hd]
+        q, k = apply_rope(q, plan.freqs), apply_rope(k, plan.freqs)
+        cache.write(layer, plan.token_slots, plan.token_positions, k, v)
+        for token, probe in probes.items():
+            keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, int(plan.token_positions[token]) + 1)
+            probe.on_attention(layer, q[token], keys[0])
+        out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
+        for group in plan.groups:
+            _attend_group(q, cache, layer, group, out, c.kv_group_size)
+        return self.attn_output(out.view(N, c.n_heads * c.head_dim))  # [N, dim]
 
     def feed_forward(self, x: Tensor) -> Tensor:
         """SwiGLU: down(silu(gate(x)) * up(x))."""
         return self.ffn_down(F.silu(self.ffn_gate(x)) * self.ffn_up(x))
+
+
+def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:
+    """One attention call for a group of the plan; writes its queries' outputs into `out` [N, H, hd]."""
+    keys, values = cache.view(layer, g.lo, g.hi, g.kv_len)  # [b, KV, S, hd]
+    b, t = g.q_index.shape
+    n_kv, hd = keys.shape[1], keys.shape[3]
+    qg = q[g.q_index]  # [b, t, H, hd]
+    if t == 1:
+        # Decode rows: fold each KV head's query heads into rows, so every cached key is read once.
+        folded = qg.view(b, n_kv, group_size, hd)  # [b, KV, group, hd]
+        y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=g.mask).view(b, n_kv * group_size, hd)  # [b, H, hd]
+    else:
+        y = F.scaled_dot_product_attention(
+            qg.transpose(1, 2), keys, values, attn_mask=g.mask, is_causal=g.mask is None, enable_gqa=True
+        )  # [b, H, t, hd]
+        y = y.transpose(1, 2).reshape(b * t, n_kv * group_size, hd)  # [b * t, H, hd]
+    if g.dst is not None:
+        out[g.dst] = y
+    else:
+        assert g.keep is not None and g.dst_index is not None
+        out[g.dst_index] = y[g.keep]
 
 
 class Transformer(nn.Module):
@@ -149,28 +144,33 @@ class Transformer(nn.Module):
         # A plain attribute, not a buffer: Module.to(dtype) would cast the complex rotations to real.
         self.freqs_cis = rope_frequencies(config, torch.device("cpu"))
 
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
+    def new_cache(self, slots: int, capacity: int) -> SlotCache:
         weight = self.token_embd.weight
-        return KVCache(self.config, batch, min(max_len, self.config.context_length), weight.device, weight.dtype)
+        return SlotCache(self.config, weight.device, weight.dtype, slots, min(capacity, self.config.context_length))
 
     def forward(
         self,
         tokens: Tensor,
-        input_pos: Tensor,
-        cache: KVCache,
-        probe: ForwardProbe | None = None,
-        all_logits: bool = False,
+        plan: BatchPlan,
+        cache: SlotCache,
+        probes: Probes | None = None,
+        logits_for: Tensor | None = None,
     ) -> Tensor:
-        """tokens, input_pos: [B, T]. Returns float32 logits [B, V] for the last position, or [B, T, V]."""
-        x = self.token_embd(tokens)  # [B, T, dim]
-        if self.freqs_cis.device != tokens.device:
-            self.freqs_cis = self.freqs_cis.to(tokens.device)
-        pos = Positions.of(input_pos, self.freqs_cis)
+        """tokens [N] laid out by `plan`. Returns float32 logits [n, V] for the tokens `logits_for`
+        (default: the last token of every chunk)."""
+        probes = probes or {}
+        x = self.token_embd(tokens)  # [N, dim]
         for layer, block in enumerate(self.blk):
-            if probe is not None:
-                probe.on_residual(layer, x)
-            x = block(x, pos, cache, layer, probe)
-        if probe is not None:
-            probe.on_residual(self.config.n_layers, x)
-        x = self.output_norm(x if all_logits else x[:, -1])
-        return self.output(x).float()
+            for token, probe in probes.items():
+                probe.on_residual(layer, x[token])
+            x = block(x, plan, cache, layer, probes)
+        for token, probe in probes.items():
+            probe.on_residual(self.config.n_layers, x[token])
+        rows = plan.last_tokens if logits_for is None else logits_for
+        return self.output(self.output_norm(x[rows])).float()  # [n, V]
+
+    def rope_table(self, device: torch.device) -> Tensor:
+        """The rotations for every position, on `device` (moved there once)."""
+        if self.freqs_cis.device != device:
+            self.freqs_cis = self.freqs_cis.to(device)
+        return self.freqs_cis

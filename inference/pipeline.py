@@ -1,8 +1,9 @@
-"""One chat request, end to end: template and tokenize, build the context, run the engine, detokenize.
+"""One chat request, end to end: template and tokenize, build the context, then hand it to the scheduler.
 
 `prepare` does everything that can reject a request (bad messages, impossible sampling
 values, a context that does not fit) before anything is streamed, so an API can answer
-with a plain error; `stream` then yields the trace events.
+with a plain error, and needs no torch; `sequence_request` turns the result into what
+the scheduler runs; `stream` runs one request alone and yields its trace events.
 """
 
 from __future__ import annotations
@@ -14,22 +15,12 @@ from dataclasses import dataclass
 from typing import Generator, Sequence
 
 from inference.chat_template import Message, Prompt
-from inference.detokenizer import IncrementalDetokenizer
-from inference.engine import Engine
 from inference.errors import ContextLengthExceededError
 from inference.loader import LoadedModel
-from inference.sampling import SamplingParams
-from inference.trace import (
-    ContextBuilt,
-    Finished,
-    ForwardStep,
-    Sampled,
-    TextDelta,
-    Timings,
-    Tokenized,
-    TraceEvent,
-    TraceLevel,
-)
+from inference.params import SamplingParams
+from inference.scheduler import Scheduler, SchedulerConfig
+from inference.sequence import SequenceRequest
+from inference.trace import ContextBuilt, Tokenized, TraceEvent, TraceLevel
 
 
 @dataclass(frozen=True)
@@ -46,7 +37,6 @@ class PreparedRequest:
 class ChatPipeline:
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        self.engine = Engine(loaded.model, loaded.stop_ids)
 
     def prepare(
         self,
@@ -85,62 +75,41 @@ class ChatPipeline:
             raise ContextLengthExceededError(len(prompt.ids), params.max_tokens, limit)
         return PreparedRequest(prompt, params, dropped, received, time.perf_counter() - started)
 
-    def stream(
-        self, request: PreparedRequest, level: TraceLevel = TraceLevel.OFF
-    ) -> Generator[TraceEvent, None, None]:
-        """Yield the request's trace; at `off`, only Sampled (without detail), TextDelta and Finished events."""
-        prompt, params = request.prompt, request.params
-        traced = level != TraceLevel.OFF
-        if traced:
-            now = time.perf_counter()
-            yield Tokenized(now, request.tokenize_seconds, prompt.text, prompt.ids, prompt.spans)
-            yield ContextBuilt(
-                now, prompt.segments, len(prompt.ids), params.max_tokens, self.loaded.config.context_length, request.dropped_messages
-            )
-        detok = IncrementalDetokenizer(self.loaded.tokenizer.token_bytes, params.stop)
-        text: list[str] = []
-        token_times: list[float] = []
-        prefill_seconds = 0.0
-        finish_reason = "length"
-        for event in self.engine.generate(prompt.ids, params, level):
-            if isinstance(event, ForwardStep):
-                prefill_seconds = event.duration if event.phase == "prefill" else prefill_seconds
-                yield event
-                continue
-            assert isinstance(event, Sampled)
-            token_times.append(event.t - request.received_at)
-            if len(token_times) == 1 and not traced:
-                prefill_seconds = event.t - request.received_at - request.tokenize_seconds
-            yield event
-            if event.is_stop:
-                finish_reason = "stop"
-                break
-            delta = detok.push(event.token_id)
-            text.append(delta.text)
-            if traced or delta.text:
-                yield TextDelta(time.perf_counter(), event.step, event.token_id, delta.text, delta.pending_bytes, delta.held_text)
-            if delta.stopped:
-                finish_reason = "stop"
-                break
-        tail = detok.flush()
-        if tail.text:
-            text.append(tail.text)
-            yield TextDelta(time.perf_counter(), len(token_times), -1, tail.text, b"", "")
-        ended = time.perf_counter()
-        ttft = token_times[0] if token_times else ended - request.received_at
-        yield Finished(
-            t=ended,
-            finish_reason=finish_reason,
-            prompt_tokens=len(prompt.ids),
-            completion_tokens=len(token_times),
-            seed=params.seed if params.seed is not None else 0,
-            text="".join(text),
-            timings=Timings(
-                tokenize=request.tokenize_seconds,
-                prefill=prefill_seconds,
-                ttft=ttft,
-                decode=(token_times[-1] - token_times[0]) if token_times else 0.0,
-                total=ended - request.received_at,
-                token_times=token_times,
-            ),
+    def sequence_request(
+        self, request: PreparedRequest, request_id: str, level: TraceLevel = TraceLevel.OFF, step_mode: bool = False
+    ) -> SequenceRequest:
+        """The scheduler's view of a prepared request: ids and parameters, plus the context event to complete."""
+        prompt = request.prompt
+        context = ContextBuilt(
+            time.perf_counter(), prompt.segments, len(prompt.ids), request.params.max_tokens,
+            self.loaded.config.context_length, request.dropped_messages,
         )
+        return SequenceRequest(request_id, list(prompt.ids), request.params, level, step_mode, request.received_at,
+                               request.tokenize_seconds, context)
+
+    @staticmethod
+    def tokenized(request: PreparedRequest) -> Tokenized:
+        """The first trace event of a request: the prompt as the model will see it."""
+        prompt = request.prompt
+        return Tokenized(time.perf_counter(), request.tokenize_seconds, prompt.text, prompt.ids, prompt.spans)
+
+    def stream(self, request: PreparedRequest, level: TraceLevel = TraceLevel.OFF) -> Generator[TraceEvent, None, None]:
+        """Run one request alone (a batch of one) and yield its trace; for the CLI, benchmarks and tests.
+
+        At `off`, only Sampled (without detail), TextDelta and Finished events.
+        """
+        scheduler = self.scheduler()
+        if level != TraceLevel.OFF:
+            yield self.tokenized(request)
+        scheduler.add(self.sequence_request(request, "single", level))
+        while True:
+            for output in scheduler.step():
+                if output.error is not None:
+                    raise output.error
+                yield from output.events
+                if output.done:
+                    return
+
+    def scheduler(self, config: SchedulerConfig = SchedulerConfig()) -> Scheduler:
+        loaded = self.loaded
+        return Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes, config)

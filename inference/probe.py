@@ -1,8 +1,9 @@
-"""The `full`-level look inside a forward pass, for the newest token of sequence 0.
+"""The `full`-level look inside a forward pass, for one token of one sequence.
 
-The model hands this probe its residual stream and its attention inputs; the probe
-computes attention weights, residual norms and the logit lens itself, so the model's
-forward stays the plain computation when no probe is given.
+The model hands this probe the token's residual stream and attention inputs (its own
+row only, whoever else is in the batch); the probe computes attention weights, residual
+norms and the logit lens itself, so the model's forward stays the plain computation
+when no probe is given.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ class LayerProbe:
         self._attention: list[Tensor] = []
 
     def on_residual(self, layer: int, h: Tensor) -> None:
-        self._residuals.append(h[0, -1].float())  # [dim]
+        self._residuals.append(h.float())  # [dim]
 
-    def on_attention(self, layer: int, q: Tensor, k: Tensor, mask: Tensor) -> None:
-        """Recompute the newest query's attention weights: q [B, H, T, hd], k [B, KV, S, hd], mask [B, 1, T, S]."""
-        group = q.shape[1] // k.shape[1]
-        keys = k[0].float().repeat_interleave(group, dim=0)  # [H, S, hd]
-        scores = keys @ q[0, :, -1].float().unsqueeze(-1) / math.sqrt(q.shape[-1])  # [H, S, 1]
-        scores = scores.squeeze(-1).masked_fill(~mask[0, 0, -1], float("-inf"))  # [H, S]
+    def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
+        """Recompute the token's attention weights over every position it sees: q [H, hd], k [KV, S, hd]."""
+        group = q.shape[0] // k.shape[0]
+        keys = k.float().repeat_interleave(group, dim=0)  # [H, S, hd]
+        scores = (keys @ q.float().unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])  # [H, S]
         self._attention.append(torch.softmax(scores, dim=-1))
 
     def detail(self, model: Transformer) -> LayerDetail:

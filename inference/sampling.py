@@ -7,7 +7,6 @@ uniform draw, the chosen token's rank and log-probability.
 
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -15,74 +14,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from inference.errors import InvalidRequestError
-
-MAX_TOP_LOGPROBS = 20
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """What a request asks of the sampler; `validate` rejects impossible values with the parameter's name."""
-
-    temperature: float = 1.0
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    top_logprobs: int = 0
-
-    def validate(self) -> None:
-        def bad(param: str, rule: str) -> InvalidRequestError:
-            return InvalidRequestError(f"{param} must be {rule}, got {getattr(self, param)!r}", param)
-
-        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
-            raise bad("temperature", "between 0 and 2")
-        if self.top_k < 0:
-            raise bad("top_k", "0 (off) or a positive integer")
-        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
-            raise bad("top_p", "greater than 0 and at most 1")
-        if not (math.isfinite(self.min_p) and 0.0 <= self.min_p <= 1.0):
-            raise bad("min_p", "between 0 and 1")
-        if not (math.isfinite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0):
-            raise bad("repetition_penalty", "greater than 0 and at most 10")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
-                raise bad(name, "between -2 and 2")
-        if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
-            raise bad("seed", "a 64-bit integer")
-        if self.max_tokens < 1:
-            raise bad("max_tokens", "at least 1")
-        if len(self.stop) > 4 or any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequestError("stop must be up to 4 non-empty strings", "stop")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise bad("top_logprobs", f"between 0 and {MAX_TOP_LOGPROBS}")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One of the most likely next tokens, and what the sampler's filters made of it."""
-
-    token_id: int
-    raw_prob: float  # the model's own softmax
-    adjusted_prob: float  # after penalties and temperature
-    removed_by: str | None  # "top_k", "top_p", "min_p" or None (kept)
-    final_prob: float  # renormalised over the kept tokens: the chance it was drawn
-
-
-@dataclass(frozen=True)
-class SamplingDetail:
-    """The sampling decision in full, for the trace at `summary` level and above."""
-
-    candidates: list[Candidate]
-    draw: float | None  # the uniform number in [0, 1) that picked the token; None when greedy
-    kept: int  # tokens left after the filters
-    eos_prob: float  # raw probability of ending the turn now
+from inference.params import SamplingParams
+from inference.trace import Candidate, SamplingDetail
 
 
 @dataclass(frozen=True)
@@ -110,6 +43,7 @@ class Sampler:
 
     def sample(self, logits: Tensor, detail_top_n: int = 0) -> Sample:
         """Pick the next token from float32 logits [V]; with detail_top_n > 0, explain the decision."""
+        detail_top_n = min(detail_top_n, logits.shape[-1])
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         adjusted = self._apply_penalties(logits) if self._penalised else logits
         p = self.params

@@ -13,7 +13,6 @@ from enum import Enum
 import numpy as np
 
 from inference.chat_template import Segment
-from inference.sampling import SamplingDetail
 
 
 class TraceLevel(str, Enum):
@@ -27,6 +26,27 @@ class TraceLevel(str, Enum):
     OFF = "off"
     SUMMARY = "summary"
     FULL = "full"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One of the most likely next tokens, and what the sampler's filters made of it."""
+
+    token_id: int
+    raw_prob: float  # the model's own softmax
+    adjusted_prob: float  # after penalties and temperature
+    removed_by: str | None  # "top_k", "top_p", "min_p" or None (kept)
+    final_prob: float  # renormalised over the kept tokens: the chance it was drawn
+
+
+@dataclass(frozen=True)
+class SamplingDetail:
+    """The sampling decision in full, for the trace at `summary` level and above."""
+
+    candidates: list[Candidate]
+    draw: float | None  # the uniform number in [0, 1) that picked the token; None when greedy
+    kept: int  # tokens left after the filters
+    eos_prob: float  # raw probability of ending the turn now
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,7 @@ class ContextBuilt:
     max_tokens: int
     context_length: int
     dropped_messages: int  # earlier turns left out to fit (only when the request allowed it)
+    cached_tokens: int = 0  # positions 0..cached_tokens-1 came from the prefix cache, not a forward pass
 
 
 @dataclass(frozen=True)
@@ -67,16 +88,34 @@ class LayerDetail:
 
 
 @dataclass(frozen=True)
-class ForwardStep:
-    """One forward pass: the prefill of the whole prompt, or one decode step."""
+class BatchStep:
+    """One engine step: a single batched forward for every running sequence, shared by all of them.
+
+    Each request in the step gets the same event before its own ForwardStep, so its trace
+    says with whom it was computed and what the step as a whole cost.
+    """
 
     t: float
-    step: int  # 0 = prefill, n = the pass that consumed the n-th generated token
+    step: int  # the engine's step counter since the worker started
+    batch_size: int  # sequences in this forward
+    prefill_tokens: int  # prompt tokens of newcomers, in chunks
+    decode_tokens: int  # one per decoding sequence
+    duration: float
+    requests: list[str]  # the request ids in this forward
+
+
+@dataclass(frozen=True)
+class ForwardStep:
+    """This request's part of one batched forward: a chunk of its prompt (prefill) or one decode token."""
+
+    t: float
+    step: int  # 0 = prefill (possibly in several chunks), n = the pass that consumed the n-th generated token
     phase: str  # "prefill" | "decode"
     position: int  # first position written
     n_tokens: int
     kv_length: int  # cached positions after the pass
-    duration: float
+    duration: float  # of the whole batched forward this part ran in
+    batch_step: int = 0  # the BatchStep it ran in
     detail: LayerDetail | None = None
 
 
@@ -112,7 +151,9 @@ class Timings:
     """Where the time went, in seconds; token_times are seconds since the request arrived."""
 
     tokenize: float
-    prefill: float
+    queue: float  # waiting for a slot in the running batch
+    prefill: float  # from the first prompt chunk's forward to the end of the last
+    prefill_saved: float  # estimated: cached prompt tokens at this request's own measured prefill rate
     ttft: float
     decode: float
     total: float
@@ -144,6 +185,9 @@ class Finished:
     seed: int
     text: str
     timings: Timings
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    peers: list[str] = field(default_factory=list)  # other requests it shared a batched forward with
+    max_batch_size: int = 1
 
 
-TraceEvent = Tokenized | ContextBuilt | ForwardStep | Sampled | TextDelta | Finished
+TraceEvent = Tokenized | ContextBuilt | BatchStep | ForwardStep | Sampled | TextDelta | Finished

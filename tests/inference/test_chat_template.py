@@ -10,7 +10,7 @@ from inference.chat_template import ChatTemplate, Message
 from inference.errors import ContextLengthExceededError, InvalidRequestError, ModelFileError
 from inference.loader import LoadedModel, load_model
 from inference.pipeline import ChatPipeline
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
 
 SYSTEM = "You are a helpful assistant."
 

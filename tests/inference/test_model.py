@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from inference.batch import BatchPlan, Chunk
+from inference.kv_cache import SlotCache
 from inference.loader import LoadedModel, load_model
 from inference.model import Transformer, apply_rope
 from naive_llama import naive_logits
@@ -17,20 +19,22 @@ def _weights(loaded: LoadedModel) -> dict[str, np.ndarray]:
     return {k: v.float().numpy() for k, v in loaded.model.state_dict().items()}
 
 
-def _all_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
-    cache = model.new_cache(1, len(ids))
+def _forward(model: Transformer, cache: SlotCache, chunks: list[tuple[Chunk, list[int]]], every_token: bool = False) -> torch.Tensor:
+    plan = BatchPlan.build([c for c, _ in chunks], model.rope_table(torch.device("cpu")))
+    tokens = torch.tensor([t for _, ids in chunks for t in ids])
     with torch.inference_mode():
-        return model(torch.tensor([ids]), torch.arange(len(ids))[None], cache, all_logits=True)[0]
+        return model(tokens, plan, cache, logits_for=torch.arange(len(tokens)) if every_token else None)
+
+
+def _all_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
+    return _forward(model, model.new_cache(1, len(ids)), [(Chunk(0, 0, len(ids)), ids)], every_token=True)
 
 
 def _cached_logits(model: Transformer, ids: list[int], prefill: int) -> torch.Tensor:
     """Prefill the first `prefill` tokens, then feed the rest one at a time through the KV cache."""
     cache = model.new_cache(1, len(ids))
-    rows = []
-    with torch.inference_mode():
-        rows.append(model(torch.tensor([ids[:prefill]]), torch.arange(prefill)[None], cache))
-        for pos in range(prefill, len(ids)):
-            rows.append(model(torch.tensor([[ids[pos]]]), torch.tensor([[pos]]), cache))
+    rows = [_forward(model, cache, [(Chunk(0, 0, prefill), ids[:prefill])])]
+    rows += [_forward(model, cache, [(Chunk(0, pos, 1), [ids[pos]])]) for pos in range(prefill, len(ids))]
     return torch.cat(rows)
 
 
@@ -58,25 +62,40 @@ def test_cached_decoding_equals_uncached(request: pytest.FixtureRequest, model_n
 
 
 def test_rope_rotates_adjacent_pairs() -> None:
-    x = torch.zeros(1, 1, 1, 4)
+    x = torch.zeros(1, 1, 4)
     x[..., 0] = 1.0  # the pair (x0, x1) = (1, 0)
     angle = torch.tensor([0.5, 0.0])
-    freqs = torch.polar(torch.ones(2), angle)[None, None]  # [1, 1, 2]
-    out = apply_rope(x, freqs)[0, 0, 0]
+    freqs = torch.polar(torch.ones(2), angle)[None]  # [1, 2]
+    out = apply_rope(x, freqs)[0, 0]
     assert torch.allclose(out, torch.tensor([np.cos(0.5), np.sin(0.5), 0.0, 0.0], dtype=torch.float32), atol=1e-6)
 
 
-def test_batched_rows_at_different_positions_match_single_runs(tiny_model: LoadedModel) -> None:
-    """One forward over two sequences at different positions gives each its own single-sequence logits."""
+def test_one_forward_of_decode_rows_and_a_prompt_chunk_matches_single_runs(tiny_model: LoadedModel) -> None:
+    """Two decode rows at different positions and a newcomer's prompt chunk, in one forward, each get their own logits."""
     model = tiny_model.model
-    a, b = [1, 40, 41, 42], [1, 90, 91]
-    cache = model.new_cache(2, 8)
-    with torch.inference_mode():
-        # Row 1 is one token shorter: its last slot holds padding that its next step overwrites.
-        model(torch.tensor([a, b + [0]]), torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]), cache)
-        step = model(torch.tensor([[43], [5]]), torch.tensor([[4], [3]]), cache)
+    a, b, c = [1, 40, 41, 42], [1, 90, 91], [1, 7, 8, 9, 10]
+    cache = model.new_cache(3, 16)
+    _forward(model, cache, [(Chunk(0, 0, 4), a), (Chunk(1, 0, 3), b)])
+    _forward(model, cache, [(Chunk(2, 0, 2), c[:2])])
+    step = _forward(model, cache, [(Chunk(0, 4, 1), [43]), (Chunk(1, 3, 1), [5]), (Chunk(2, 2, 3), c[2:])])
     assert torch.allclose(step[0], _all_logits(model, a + [43])[-1], atol=1e-5)
     assert torch.allclose(step[1], _all_logits(model, b + [5])[-1], atol=1e-5)
+    assert torch.allclose(step[2], _all_logits(model, c)[-1], atol=1e-5)
+
+
+def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("inference.batch.LONG_ROW_MIN", 16)
+    model = tiny_model.model
+    long, short = list(range(3, 203)), [1, 2, 3]
+    plan = BatchPlan.build([Chunk(0, 200, 1), Chunk(1, 3, 1), Chunk(2, 3, 1)], model.rope_table(torch.device("cpu")))
+    assert [(g.lo, g.hi, g.kv_len) for g in plan.groups] == [(1, 3, 4), (0, 1, 201)]
+    cache = model.new_cache(3, 256)
+    _forward(model, cache, [(Chunk(0, 0, 200), long), (Chunk(1, 0, 3), short)])
+    _forward(model, cache, [(Chunk(2, 0, 3), short)])
+    step = _forward(model, cache, [(Chunk(0, 200, 1), [9]), (Chunk(1, 3, 1), [5]), (Chunk(2, 3, 1), [5])])
+    assert torch.allclose(step[0], _all_logits(model, long + [9])[-1], atol=1e-4)
+    assert torch.allclose(step[1], _all_logits(model, short + [5])[-1], atol=1e-5)
+    assert torch.allclose(step[2], step[1], atol=1e-6)
 
 
 def test_untied_output_weights_are_used(write_gguf: Any) -> None:

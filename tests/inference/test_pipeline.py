@@ -9,7 +9,7 @@ import pytest
 
 from inference.chat_template import Message
 from inference.pipeline import ChatPipeline
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
 from inference.trace import ContextBuilt, Finished, ForwardStep, Sampled, TextDelta, Tokenized, TraceEvent, TraceLevel
 
 MESSAGES: list[Message] = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "the heat is on"}]

@@ -9,7 +9,8 @@ import torch
 
 from inference.loader import LoadedModel
 from inference.pipeline import ChatPipeline
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
+from forward import last_logits
 from inference.trace import Finished, Sampled, TextDelta
 
 SYSTEM = "You are a helpful assistant."
@@ -49,10 +50,7 @@ def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     if agreed == len(expected):
         assert ours == expected
         return
-    model = smollm2_pipeline.loaded.model
-    prefix = case["prompt_ids"] + expected[:agreed]
-    with torch.inference_mode():
-        logits = model(torch.tensor([prefix]), torch.arange(len(prefix))[None], model.new_cache(1, len(prefix)))[0]
+    logits = last_logits(smollm2_pipeline.loaded.model, case["prompt_ids"] + expected[:agreed])
     assert int(logits.argmax()) == ours[agreed]
     assert expected[agreed] in torch.topk(logits, 3).indices.tolist()
     assert float(logits[ours[agreed]] - logits[expected[agreed]]) < 0.5

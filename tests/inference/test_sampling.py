@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from inference.errors import InvalidRequestError
-from inference.sampling import Sampler, SamplingParams
+from inference.params import SamplingParams
+from inference.sampling import Sampler
 
 V = 50
 STOP = frozenset({0})

@@ -1,0 +1,127 @@
+"""The shape of one batched forward: which tokens belong to which sequence, and how attention reads the cache.
+
+A forward takes the tokens of every sequence in the step flattened into one row `[N]`:
+a decode token per decoding sequence and a chunk of prompt for newcomers. Everything but
+attention (embeddings, projections, norms, the feed-forward) runs on all N tokens at once.
+Attention runs in a few groups, planned here once per forward and shared by every layer:
+
+- single-token chunks (decode steps) of ordinary length share one call over the cache
+  slots they occupy, padded to the longest of them and masked;
+- a single-token chunk much longer than the others gets its own call, so one long
+  conversation does not make every short row read thousands of masked positions;
+- each multi-token chunk (prefill) gets its own causal call over its slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+LONG_ROW_FACTOR = 2  # a decode row this many times longer than the median one is attended on its own...
+LONG_ROW_MIN = 512  # ...once it is at least this long
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One sequence's part of a forward: `length` tokens at positions start..start+length-1 of cache slot `slot`."""
+
+    slot: int
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Queries that read cache slots lo..hi-1 (up to kv_len positions) in one attention call.
+
+    q_index [b, t]: the token whose query fills each row (rows of slots without a query of
+    this group repeat token 0 and their output is dropped); mask [b, 1, t, kv_len] or None
+    for plain causal attention from position 0. Outputs go to tokens `dst` (a slice of the
+    flattened batch) or, for padded groups, rows `keep` of the output go to tokens `dst_index`.
+    """
+
+    lo: int
+    hi: int
+    kv_len: int
+    q_index: Tensor
+    mask: Tensor | None
+    dst: slice | None = None
+    keep: Tensor | None = None
+    dst_index: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Everything about a forward that does not depend on the layer, computed once."""
+
+    chunks: tuple[Chunk, ...]
+    token_slots: Tensor  # [N]
+    token_positions: Tensor  # [N]
+    freqs: Tensor  # [N, rope_dim / 2] complex rotations
+    groups: tuple[AttentionGroup, ...]
+    last_tokens: Tensor  # [n_chunks] the index of each chunk's last token
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_slots.shape[0])
+
+    @classmethod
+    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor) -> BatchPlan:
+        device = freqs_cis.device
+        offsets = [0]
+        for chunk in chunks:
+            offsets.append(offsets[-1] + chunk.length)
+        slots = torch.tensor([c.slot for c in chunks for _ in range(c.length)], device=device)
+        positions = torch.tensor([p for c in chunks for p in range(c.start, c.end)], device=device)
+        singles = [(i, c) for i, c in enumerate(chunks) if c.length == 1]
+        typical = median(c.end for _, c in singles) if singles else 0
+        long_from = max(LONG_ROW_FACTOR * typical, LONG_ROW_MIN)
+        short = [(i, c) for i, c in singles if c.end < long_from]
+        groups = [_padded_group([(offsets[i], c) for i, c in short], device)] if short else []
+        for i, chunk in enumerate(chunks):
+            if chunk.length > 1 or chunk.end >= long_from:
+                groups.append(_chunk_group(offsets[i], chunk, device))
+        return cls(
+            chunks=tuple(chunks),
+            token_slots=slots,
+            token_positions=positions,
+            freqs=freqs_cis[positions],
+            groups=tuple(groups),
+            last_tokens=torch.tensor(offsets[1:], device=device) - 1,
+        )
+
+
+def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device) -> AttentionGroup:
+    """Single-token queries over the run of slots they occupy, padded to the longest and masked."""
+    lo = min(c.slot for _, c in rows)
+    hi = max(c.slot for _, c in rows) + 1
+    kv_len = max(c.end for _, c in rows)
+    q_index = torch.zeros(hi - lo, 1, dtype=torch.long)
+    last = torch.full((hi - lo,), kv_len - 1, dtype=torch.long)  # slots without a query: see everything (finite)
+    for token, c in rows:
+        q_index[c.slot - lo, 0] = token
+        last[c.slot - lo] = c.start
+    mask = (torch.arange(kv_len)[None, :] <= last[:, None])[:, None, None, :]  # [b, 1, 1, kv_len]
+    keep = torch.tensor([c.slot - lo for _, c in rows])
+    dst_index = torch.tensor([token for token, _ in rows])
+    return AttentionGroup(lo, hi, kv_len, q_index.to(device), mask.to(device), keep=keep.to(device), dst_index=dst_index.to(device))
+
+
+def _chunk_group(offset: int, chunk: Chunk, device: torch.device) -> AttentionGroup:
+    """One sequence's tokens attending causally over its own slot."""
+    q_index = torch.arange(offset, offset + chunk.length, device=device)[None]  # [1, t]
+    if chunk.start == 0:
+        mask = None  # plain causal from position 0
+    else:
+        cols = torch.arange(chunk.end, device=device)
+        rows = torch.arange(chunk.start, chunk.end, device=device)
+        mask = (cols[None, :] <= rows[:, None])[None, None]  # [1, 1, t, kv_len]
+    return AttentionGroup(chunk.slot, chunk.slot + 1, chunk.end, q_index, mask, dst=slice(offset, offset + chunk.length))

@@ -1,0 +1,318 @@
+"""The engine: every step, one batched forward for every running sequence.
+
+In the shape of vLLM's scheduler: `add` a request, `abort` one, `step` the whole batch.
+A step admits waiting requests while the KV-cache budget and the batch limit allow
+(each is charged its prompt plus every token it may generate, so a running sequence
+never runs out of room), feeds one decode token per running sequence plus a bounded
+chunk of prompt for newcomers (a long prompt is prefilled over several steps, so it
+never freezes the others' streams), samples every row with its own parameters, and lets
+finished or aborted sequences leave, freeing their slot. A prompt's leading blocks come
+from the prefix cache when an earlier request computed them.
+
+The scheduler knows nothing about text: prompts arrive as ids; each sequence's own
+state (`inference.sequence`) turns its tokens into text and trace events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from inference.batch import BatchPlan, Chunk
+from inference.errors import InferenceError, InvalidRequestError
+from inference.kv_cache import round_capacity
+from inference.model import Transformer
+from inference.prefix_cache import PrefixCache
+from inference.probe import LayerProbe
+from inference.sequence import Phase, SequenceRequest, SequenceState
+from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch: int = 32  # sequences in one forward
+    max_waiting: int = 64  # requests queued for a slot; beyond that `add` refuses
+    kv_budget_bytes: int = 2 * GIB  # the running sequences' KV cache may not grow past this
+    prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
+    prefix_cache_bytes: int = GIB // 2  # 0 turns the prefix cache off
+    prefix_block: int = 32  # tokens per prefix-cache block
+
+
+class QueueFullError(InferenceError):
+    """Every slot is taken and the waiting queue is full: try again shortly."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"The server is busy: {waiting} requests are already waiting; retry shortly.")
+        self.waiting = waiting
+
+
+class KVBudgetExceededError(InvalidRequestError):
+    """A request that could never run: its prompt and max_tokens alone need more KV cache than the budget."""
+
+    def __init__(self, positions: int, budget_positions: int) -> None:
+        super().__init__(
+            f"This request needs room for {positions} tokens in the KV cache, but this server's budget holds"
+            f" {budget_positions}; lower max_tokens or shorten the messages.",
+            param="max_tokens",
+        )
+
+
+@dataclass
+class SequenceOutput:
+    """What one sequence produced in a step; `done` when it left the scheduler."""
+
+    request_id: str
+    events: list[TraceEvent] = field(default_factory=list)
+    done: bool = False
+    error: Exception | None = None
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    running: int
+    waiting: int
+    paused: int
+    kv_bytes: int  # allocated for the running sequences
+    kv_budget_bytes: int
+    prefix_cache_bytes: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    steps: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_bytes / self.kv_budget_bytes if self.kv_budget_bytes else 0.0
+
+
+class Scheduler:
+    def __init__(
+        self, model: Transformer, stop_ids: frozenset[int], token_bytes: Sequence[bytes], config: SchedulerConfig = SchedulerConfig()
+    ) -> None:
+        self.model = model
+        self.stop_ids = stop_ids
+        self.token_bytes = token_bytes
+        self.config = config
+        self.device = model.token_embd.weight.device
+        with torch.inference_mode():
+            self.cache = model.new_cache(0, 0)
+        self.prefix_cache = PrefixCache(config.prefix_cache_bytes, config.prefix_block)
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []  # running[i] holds cache slot i
+        self._aborted: set[str] = set()
+        self._known: dict[str, SequenceState] = {}
+        self.steps = 0
+
+    # --- the interface -------------------------------------------------------------------------
+
+    def add(self, request: SequenceRequest) -> SequenceState:
+        """Queue a request; QueueFullError when the queue is full, KVBudgetExceededError when it could never fit."""
+        if request.request_id in self._known:
+            raise InvalidRequestError(f"request {request.request_id!r} is already running")
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError(len(self.waiting))
+        state = SequenceState(request, self.model.config.vocab_size, self.stop_ids, self.token_bytes)
+        if self._bytes(1, round_capacity(state.reserve)) > self.config.kv_budget_bytes:
+            raise KVBudgetExceededError(state.reserve, self.config.kv_budget_bytes // self.cache.bytes_per_position)
+        self.waiting.append(state)
+        self._known[request.request_id] = state
+        return state
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; it leaves (and frees its slot) at the start of the next step."""
+        if request_id in self._known:
+            self._aborted.add(request_id)
+
+    def resume(self, request_id: str) -> None:
+        """Step mode: let a paused sequence take part in steps again."""
+        state = self._known.get(request_id)
+        if state is not None:
+            state.paused = False
+
+    def ahead_of(self, request_id: str) -> int | None:
+        """How many requests wait before this one; None once it runs (or is unknown)."""
+        for position, state in enumerate(self.waiting):
+            if state.request_id == request_id:
+                return position
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        """Whether `step` would do anything (so an idle engine thread can sleep instead of spinning)."""
+        if self._aborted or any(not s.paused for s in self.running):
+            return True
+        return bool(self.waiting) and self._admissible(1) > 0
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            paused=sum(s.paused for s in self.running),
+            kv_bytes=self.cache.nbytes,
+            kv_budget_bytes=self.config.kv_budget_bytes,
+            prefix_cache_bytes=self.prefix_cache.nbytes,
+            prefix_queried_tokens=self.prefix_cache.queried_tokens,
+            prefix_hit_tokens=self.prefix_cache.hit_tokens,
+            steps=self.steps,
+        )
+
+    @torch.inference_mode()
+    def step(self) -> list[SequenceOutput]:
+        """Drop aborted sequences, admit waiting ones, run one batched forward and sample every row."""
+        outputs = self._drop_aborted()
+        outputs += self._admit()
+        rows = [s for s in self.running if not s.paused]
+        if not rows:
+            return outputs
+        budget = self.config.prefill_chunk
+        fed: list[list[int]] = []
+        for state in rows:
+            tokens = state.next_tokens(budget)
+            if state.phase == Phase.PREFILL:
+                budget -= len(tokens)
+            fed.append(tokens)
+        scheduled = [(s, t) for s, t in zip(rows, fed) if t]
+        chunks = [Chunk(s.slot or 0, s.computed, len(t)) for s, t in scheduled]
+        samples = [s.phase == Phase.DECODE or s.computed + len(t) == len(s.prompt_ids) for s, t in scheduled]
+        prefilling = sum(s.phase == Phase.PREFILL for s, _ in scheduled)
+        prefill_tokens = sum(len(t) for s, t in scheduled if s.phase == Phase.PREFILL)
+        plan = BatchPlan.build(chunks, self.model.rope_table(self.device))
+        sampled_tokens = [int(plan.last_tokens[i]) for i, wants in enumerate(samples) if wants]
+        probes = {
+            int(plan.last_tokens[i]): LayerProbe()
+            for i, (s, _) in enumerate(scheduled)
+            if samples[i] and s.request.level == TraceLevel.FULL
+        }
+        tokens = torch.tensor([token for _, t in scheduled for token in t], device=self.device)
+        started = time.perf_counter()
+        logits = self.model(tokens, plan, self.cache, probes, torch.tensor(sampled_tokens, device=self.device, dtype=torch.long))
+        logits = logits.cpu()  # also waits for the device: honest step clocks
+        ended = time.perf_counter()
+        self.steps += 1
+        batch = BatchStep(ended, self.steps, len(scheduled), prefill_tokens, len(scheduled) - prefilling, ended - started,
+                          [s.request_id for s, _ in scheduled])
+        row = 0
+        leaving: list[SequenceState] = []
+        for i, (state, fed_tokens) in enumerate(scheduled):
+            output = SequenceOutput(state.request_id)
+            try:
+                probe = probes.get(int(plan.last_tokens[i])) if samples[i] else None
+                detail = probe.detail(self.model) if probe is not None else None
+                output.events += state.forwarded(batch, len(fed_tokens), started, detail)
+                if samples[i]:
+                    output.events += state.sample(logits[row])
+                    row += 1
+            except Exception as exc:  # this request fails; the batch goes on
+                output.error, output.done = exc, True
+                state.phase = Phase.DONE
+                leaving.append(state)
+                outputs.append(output)
+                continue
+            if state.phase == Phase.DONE:
+                output.done = True
+                leaving.append(state)
+            elif samples[i] and len(state.generated) == 1:  # its prompt is all in: share it with later requests
+                self.prefix_cache.insert(state.prompt_ids, self.cache, state.slot or 0, len(state.prompt_ids))
+            outputs.append(output)
+        for state in leaving:
+            self._release(state, keep=state.finish_reason is not None)
+        self._shrink()
+        return outputs
+
+    @torch.inference_mode()
+    def inspect(self, ids: Sequence[int]) -> LayerDetail:
+        """The full-level look at the last position of `ids`, recomputed from scratch in a cache of its own.
+
+        Lets a page ask, after the fact, for the attention of any token of a finished run
+        (which was traced at summary level, or beyond the live position budget).
+        """
+        probe = LayerProbe()
+        cache = self.model.new_cache(1, len(ids))
+        plan = BatchPlan.build([Chunk(0, 0, len(ids))], self.model.rope_table(self.device))
+        self.model(torch.tensor(list(ids), device=self.device), plan, cache, {len(ids) - 1: probe})
+        return probe.detail(self.model)
+
+    # --- admission and slots -----------------------------------------------------------------
+
+    def _bytes(self, slots: int, capacity: int) -> int:
+        return slots * capacity * self.cache.bytes_per_position
+
+    def _admissible(self, limit: int) -> int:
+        """How many of the first `limit` waiting requests fit beside the running ones now."""
+        capacity = max((s.reserve for s in self.running), default=0)
+        count = 0
+        for state in list(self.waiting)[:limit]:
+            if len(self.running) + count + 1 > self.config.max_batch:
+                break
+            capacity = max(capacity, state.reserve)
+            if self._bytes(len(self.running) + count + 1, round_capacity(capacity)) > self.config.kv_budget_bytes:
+                break
+            count += 1
+        return count
+
+    def _admit(self) -> list[SequenceOutput]:
+        count = self._admissible(len(self.waiting))
+        if not count:
+            return []
+        newcomers = [self.waiting.popleft() for _ in range(count)]
+        slots = len(self.running) + count
+        capacity = round_capacity(max(s.reserve for s in self.running + newcomers))
+        if slots > self.cache.slots or capacity > self.cache.capacity:  # grow to exactly what fits the budget
+            self.cache.resize(slots, capacity, [s.computed for s in self.running])
+        now = time.perf_counter()
+        outputs = []
+        for state in newcomers:
+            slot = len(self.running)
+            self.running.append(state)
+            hit = self.prefix_cache.lookup(state.prompt_ids, len(state.prompt_ids) - 1)
+            if hit.k is not None and hit.v is not None:
+                self.cache.load(slot, 0, hit.k, hit.v)
+            outputs.append(SequenceOutput(state.request_id, state.admit(slot, hit.tokens, now)))
+        return outputs
+
+    def _drop_aborted(self) -> list[SequenceOutput]:
+        if not self._aborted:
+            return []
+        outputs = []
+        for state in [s for s in self.waiting if s.request_id in self._aborted]:
+            self.waiting.remove(state)
+            self._known.pop(state.request_id, None)
+            outputs.append(SequenceOutput(state.request_id, done=True, cancelled=True))
+        for state in [s for s in self.running if s.request_id in self._aborted]:
+            self._release(state, keep=True)
+            outputs.append(SequenceOutput(state.request_id, done=True, cancelled=True))
+        self._aborted.clear()
+        self._shrink()
+        return outputs
+
+    def _release(self, state: SequenceState, keep: bool) -> None:
+        """Free the sequence's slot (keeping its computed prefix for later requests when `keep`);
+        the last running sequence moves into the hole so slots stay 0..n-1."""
+        slot = state.slot
+        self._known.pop(state.request_id, None)
+        self._aborted.discard(state.request_id)
+        if slot is None:
+            return
+        if keep and state.computed:
+            self.prefix_cache.insert(state.ids, self.cache, slot, state.computed)
+        last = len(self.running) - 1
+        if slot != last:
+            mover = self.running[last]
+            self.cache.move(last, slot, mover.computed)
+            mover.slot = slot
+            self.running[slot] = mover
+        self.running.pop()
+        state.slot = None
+
+    def _shrink(self) -> None:
+        """Give memory back once the cache is much bigger than the running sequences need."""
+        capacity = round_capacity(max((s.reserve for s in self.running), default=0)) if self.running else 0
+        needed = self._bytes(len(self.running), capacity)
+        if self.cache.nbytes > 2 * needed + 64 * 1024**2 or (not self.running and self.cache.nbytes):
+            self.cache.resize(len(self.running), capacity, [s.computed for s in self.running])

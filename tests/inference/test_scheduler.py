@@ -1,0 +1,221 @@
+"""The batched scheduler on the tiny model: batching changes no answer, chunked prefill interleaves,
+the prefix cache, admission by KV budget and batch size, abort, step mode and per-request failures."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from inference.loader import LoadedModel
+from inference.params import SamplingParams
+from inference.scheduler import QueueFullError, Scheduler, SchedulerConfig, SequenceOutput
+from inference.sequence import SequenceRequest
+from inference.trace import BatchStep, Finished, ForwardStep, Sampled, TraceEvent, TraceLevel
+
+PROMPTS = [[1, 50, 60, 70], [1, 200, 3, 44, 45, 46, 47], [1, 9], [1, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89], [1, 120, 130], [1, 66, 67, 68, 69]]
+NEAR_TIE = 1e-4  # top-two logit gap (tiny model, float32) within which batched arithmetic may pick the other token
+
+
+def _scheduler(loaded: LoadedModel, **config: Any) -> Scheduler:
+    return Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes, SchedulerConfig(**config))
+
+
+def _request(rid: str, prompt: list[int], level: TraceLevel = TraceLevel.OFF, **params: Any) -> SequenceRequest:
+    params.setdefault("temperature", 0.0)
+    params.setdefault("max_tokens", 24)
+    return SequenceRequest(rid, prompt, SamplingParams(**params), level)
+
+
+def _run(scheduler: Scheduler, requests: list[SequenceRequest], max_steps: int = 500) -> dict[str, list[SequenceOutput]]:
+    """Add every request, step until all are done; each request's outputs in order."""
+    for request in requests:
+        scheduler.add(request)
+    outputs: dict[str, list[SequenceOutput]] = {r.request_id: [] for r in requests}
+    done: set[str] = set()
+    for _ in range(max_steps):
+        for output in scheduler.step():
+            outputs[output.request_id].append(output)
+            if output.done:
+                done.add(output.request_id)
+        if done == set(outputs):
+            return outputs
+    raise AssertionError(f"not finished after {max_steps} steps: {set(outputs) - done}")
+
+
+def _events(outputs: list[SequenceOutput]) -> list[TraceEvent]:
+    return [e for o in outputs for e in o.events]
+
+
+def _tokens(outputs: list[SequenceOutput]) -> list[Sampled]:
+    return [e for e in _events(outputs) if isinstance(e, Sampled)]
+
+
+def _alone(loaded: LoadedModel, request: SequenceRequest) -> list[Sampled]:
+    return _tokens(_run(_scheduler(loaded), [request])[request.request_id])
+
+
+def assert_same_or_near_tie(batched: list[Sampled], alone: list[Sampled], tolerance: float) -> None:
+    """Identical tokens, or at the first difference the alone run's top two choices were a near-tie."""
+    ids_b, ids_a = [s.token_id for s in batched], [s.token_id for s in alone]
+    if ids_b == ids_a:
+        return
+    at = next(i for i, (x, y) in enumerate(zip(ids_b, ids_a)) if x != y)
+    (first, lp1), (second, lp2) = alone[at].top_logprobs[:2]
+    assert {first, second} == {ids_a[at], ids_b[at]} and lp1 - lp2 < tolerance, f"diverged at {at} with gap {lp1 - lp2}"
+
+
+def test_requests_decoded_together_give_the_same_greedy_tokens_as_each_alone(tiny_model: LoadedModel) -> None:
+    requests = [_request(f"r{i}", p, top_logprobs=2) for i, p in enumerate(PROMPTS)]
+    together = _run(_scheduler(tiny_model), requests)
+    for request in requests:
+        batched = _tokens(together[request.request_id])
+        assert len(batched) == 24
+        assert_same_or_near_tie(batched, _alone(tiny_model, request), NEAR_TIE)
+
+
+def test_seeds_reproduce_inside_a_batch(tiny_model: LoadedModel) -> None:
+    requests = [_request(f"s{i}", p, temperature=1.0, seed=100 + i) for i, p in enumerate(PROMPTS)]
+    together = _run(_scheduler(tiny_model), requests)
+    for request in requests:
+        assert [s.token_id for s in _tokens(together[request.request_id])] == [s.token_id for s in _alone(tiny_model, request)]
+
+
+def test_every_request_in_a_step_refers_to_the_same_batch_step(tiny_model: LoadedModel) -> None:
+    requests = [_request(f"b{i}", p, TraceLevel.SUMMARY, max_tokens=4) for i, p in enumerate(PROMPTS[:3])]
+    outputs = _run(_scheduler(tiny_model), requests)
+    batches = {rid: [e for e in _events(o) if isinstance(e, BatchStep)] for rid, o in outputs.items()}
+    first = batches["b0"][0]
+    assert first.batch_size == 3 and sorted(first.requests) == ["b0", "b1", "b2"]
+    assert first.prefill_tokens == sum(len(p) for p in PROMPTS[:3]) and first.decode_tokens == 0
+    assert all(b[0] == first for b in batches.values())
+    forward = next(e for e in _events(outputs["b1"]) if isinstance(e, ForwardStep))
+    assert forward.batch_step == first.step and forward.duration == first.duration
+    finished = next(e for e in _events(outputs["b1"]) if isinstance(e, Finished))
+    assert finished.peers == ["b0", "b2"] and finished.max_batch_size == 3
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_decode_steps(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model, prefill_chunk=16)
+    scheduler.add(_request("short", PROMPTS[0], TraceLevel.SUMMARY, max_tokens=30))
+    scheduler.step()  # the short prompt is in; it decodes from now on
+    long_prompt = [1] + [3 + i % 250 for i in range(100)]
+    scheduler.add(_request("long", long_prompt, TraceLevel.SUMMARY, max_tokens=3))
+    steps: list[tuple[list[ForwardStep], list[ForwardStep]]] = []
+    for _ in range(8):
+        outputs = {o.request_id: o for o in scheduler.step()}
+        forwards = {rid: [e for e in o.events if isinstance(e, ForwardStep)] for rid, o in outputs.items()}
+        steps.append((forwards.get("long", []), forwards.get("short", [])))
+    long_prefill = [f for long, _ in steps for f in long if f.phase == "prefill"]
+    assert [f.n_tokens for f in long_prefill] == [16] * 6 + [5]
+    assert [f.position for f in long_prefill] == list(range(0, 101, 16))
+    for long, short in steps[:7]:  # the short request decoded a token in every one of those steps, in the same forward
+        assert len(short) == 1 and short[0].phase == "decode" and short[0].batch_step == long[0].batch_step
+
+
+def test_prefix_cache_hits_give_the_same_tokens_as_a_cold_run(tiny_model: LoadedModel) -> None:
+    system = [1] + [3 + (7 * i) % 250 for i in range(70)]
+    first = _request("first", system + [100, 101], max_tokens=10)
+    second = _request("second", system + [100, 101, 5, 6, 7], TraceLevel.SUMMARY, max_tokens=20, top_logprobs=2)
+    warm = _scheduler(tiny_model, prefix_block=16)
+    _run(warm, [first])
+    hit = _run(warm, [second])["second"]
+    finished = next(e for e in _events(hit) if isinstance(e, Finished))
+    assert finished.cached_tokens == 64  # four whole blocks of the shared 72 tokens; the rest is computed
+    assert warm.stats().prefix_hit_tokens == 64
+    cold = _alone(tiny_model, dataclasses.replace(second, level=TraceLevel.OFF))
+    assert_same_or_near_tie(_tokens(hit), cold, NEAR_TIE)
+
+
+def test_a_conversation_turn_reuses_the_previous_turn_including_its_answer(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model, prefix_block=8)
+    turn = _run(scheduler, [_request("t1", PROMPTS[3], max_tokens=20)])["t1"]
+    answer = [s.token_id for s in _tokens(turn)]
+    follow_up = PROMPTS[3] + answer + [2, 1, 70, 71]
+    second = _run(scheduler, [_request("t2", follow_up, max_tokens=5)])["t2"]
+    finished = next(e for e in _events(second) if isinstance(e, Finished))
+    assert finished.cached_tokens == (len(PROMPTS[3]) + len(answer) - 1) // 8 * 8 > len(PROMPTS[3])
+
+
+def test_abort_frees_the_slot_at_the_next_step(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model, max_batch=1)
+    scheduler.add(_request("a", PROMPTS[0], max_tokens=100))
+    scheduler.add(_request("b", PROMPTS[1], max_tokens=5))
+    scheduler.step()
+    scheduler.step()
+    assert [s.request_id for s in scheduler.running] == ["a"] and scheduler.ahead_of("b") == 0
+    scheduler.abort("a")
+    outputs = scheduler.step()
+    assert outputs[0] == SequenceOutput("a", [], done=True, cancelled=True)
+    assert [s.request_id for s in scheduler.running] == ["b"] and any(o.request_id == "b" and o.events for o in outputs[1:])
+
+
+def test_work_beyond_the_kv_budget_waits_in_the_queue(tiny_model: LoadedModel) -> None:
+    probe = _scheduler(tiny_model)
+    per_sequence = 256 * probe.cache.bytes_per_position  # one slot: reserves round up to 256 positions
+    scheduler = _scheduler(tiny_model, kv_budget_bytes=2 * per_sequence)
+    for i in range(3):
+        scheduler.add(_request(f"k{i}", PROMPTS[i], max_tokens=8))
+    scheduler.step()
+    assert len(scheduler.running) == 2 and scheduler.ahead_of("k2") == 0
+    assert scheduler.stats().kv_usage == 1.0
+    finished: set[str] = set()
+    while not finished:
+        finished = {o.request_id for o in scheduler.step() if o.done}
+    assert finished == {"k0", "k1"} and scheduler.ahead_of("k2") == 0  # a slot frees at the end of a step...
+    scheduler.step()
+    assert [s.request_id for s in scheduler.running] == ["k2"]  # ...and the next step admits the waiting request
+
+
+def test_a_full_queue_refuses_at_once(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model, max_batch=1, max_waiting=2)
+    for i in range(2):
+        scheduler.add(_request(f"q{i}", PROMPTS[i]))
+    with pytest.raises(QueueFullError):
+        scheduler.add(_request("q2", PROMPTS[2]))
+
+
+def test_an_exception_in_one_sequence_fails_only_that_request(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model)
+    scheduler.add(_request("ok", PROMPTS[0], max_tokens=6))
+    broken = scheduler.add(_request("broken", PROMPTS[1], max_tokens=6))
+
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("sampler exploded")
+
+    broken.sampler.sample = explode  # type: ignore[method-assign]
+    outputs: list[SequenceOutput] = []
+    for _ in range(10):
+        outputs += scheduler.step()
+    failed = [o for o in outputs if o.request_id == "broken"]
+    assert len(failed) == 2 and failed[-1].done and isinstance(failed[-1].error, RuntimeError)  # admitted, then failed
+    assert len(_tokens([o for o in outputs if o.request_id == "ok"])) == 6
+    assert not scheduler.running
+
+
+def test_a_paused_sequence_sits_out_steps_until_resumed(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model)
+    scheduler.add(dataclasses.replace(_request("p", PROMPTS[0], max_tokens=5), step_mode=True))
+    scheduler.add(_request("free", PROMPTS[1], max_tokens=5))
+    scheduler.step()
+    for _ in range(3):
+        assert [o.request_id for o in scheduler.step()] == ["free"]
+    assert scheduler.has_work
+    scheduler.resume("p")
+    assert "p" in [o.request_id for o in scheduler.step()]
+
+
+def test_it_stops_at_an_end_of_turn_token_unless_told_to_ignore_it(tiny_model: LoadedModel) -> None:
+    greedy = [s.token_id for s in _alone(tiny_model, _request("g", PROMPTS[0], max_tokens=5))]
+    stopping = Scheduler(tiny_model.model, frozenset({greedy[2]}), tiny_model.tokenizer.token_bytes)
+    events = _tokens(_run(stopping, [_request("s", PROMPTS[0], max_tokens=5)])["s"])
+    assert len(events) == greedy.index(greedy[2]) + 1 and events[-1].is_stop
+    ignoring = Scheduler(tiny_model.model, frozenset({greedy[2]}), tiny_model.tokenizer.token_bytes)
+    assert len(_tokens(_run(ignoring, [_request("i", PROMPTS[0], max_tokens=5, ignore_eos=True)])["i"])) == 5
+
+
+def test_idle_scheduler_has_no_work_and_gives_its_memory_back(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model)
+    _run(scheduler, [_request("x", PROMPTS[0], max_tokens=3)])
+    assert not scheduler.has_work and scheduler.stats().kv_bytes == 0 and scheduler.stats().running == 0
