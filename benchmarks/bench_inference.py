@@ -26,9 +26,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference.engine import Engine  # noqa: E402
+from inference.batch import BatchPlan, Chunk  # noqa: E402
 from inference.loader import LoadedModel, load_model  # noqa: E402
-from inference.sampling import SamplingParams  # noqa: E402
+from inference.params import SamplingParams  # noqa: E402
+from inference.scheduler import Scheduler  # noqa: E402
+from inference.sequence import SequenceRequest  # noqa: E402
 from inference.trace import Sampled, TraceLevel  # noqa: E402
 
 DEFAULT_LLAMACPP_PYTHON = Path.home() / ".cache" / "llamacpp-reference" / "venv" / "bin" / "python"
@@ -54,20 +56,31 @@ def median_time(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def bench_ours(loaded: LoadedModel, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int) -> dict[str, Any]:
-    engine = Engine(loaded.model, frozenset())  # no stop tokens: every run decodes n tokens
-    prefill = {}
+def prefill(loaded: LoadedModel, ids: list[int]) -> None:
+    """The whole prompt in one forward, into a fresh cache."""
+    model = loaded.model
+    plan = BatchPlan.build([Chunk(0, 0, len(ids))], model.rope_table(loaded.device))
     with torch.inference_mode():
-        for name, ids in prompts.items():
-            prefill[name] = len(ids) / median_time(lambda ids=ids: engine.prefill(loaded.model.new_cache(1, len(ids)), ids), repeats)
+        model(torch.tensor(ids, device=loaded.device), plan, model.new_cache(1, len(ids)))
+
+
+def decode_times(loaded: LoadedModel, prompt: list[int], n: int, level: TraceLevel) -> list[float]:
+    """One request alone in the scheduler, greedy, ending tokens ignored: when each of its n + 1 tokens was sampled."""
+    scheduler = Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes)
+    scheduler.add(SequenceRequest("bench", prompt, SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), level))
+    times: list[float] = []
+    while len(times) < n + 1:
+        times += [e.t for output in scheduler.step() for e in output.events if isinstance(e, Sampled)]
+    return times
+
+
+def bench_ours(loaded: LoadedModel, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int) -> dict[str, Any]:
+    rates = {name: len(ids) / median_time(lambda ids=ids: prefill(loaded, ids), repeats) for name, ids in prompts.items()}
     decode = {}
     for level in TraceLevel:
-        rates = []
-        for _ in range(repeats):
-            times = [e.t for e in engine.generate(decode_prompt, SamplingParams(temperature=0.0, max_tokens=n + 1), level) if isinstance(e, Sampled)]
-            rates.append(n / (times[-1] - times[0]))
-        decode[level.value] = statistics.median(rates)
-    return {"prefill": prefill, "decode": decode}
+        runs = [decode_times(loaded, decode_prompt, n, level) for _ in range(repeats)]
+        decode[level.value] = statistics.median(n / (times[-1] - times[0]) for times in runs)
+    return {"prefill": rates, "decode": decode}
 
 
 def bench_llamacpp(python: str, model: str, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int) -> dict[str, Any] | None:

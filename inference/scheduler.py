@@ -108,6 +108,7 @@ class Scheduler:
         self._aborted: set[str] = set()
         self._known: dict[str, SequenceState] = {}
         self.steps = 0
+        self.last_batch: BatchStep | None = None  # the latest forward, for metrics
 
     # --- the interface -------------------------------------------------------------------------
 
@@ -189,14 +190,15 @@ class Scheduler:
             for i, (s, _) in enumerate(scheduled)
             if samples[i] and s.request.level == TraceLevel.FULL
         }
-        tokens = torch.tensor([token for _, t in scheduled for token in t], device=self.device)
+        token_ids = torch.tensor([token for _, t in scheduled for token in t], device=self.device)
         started = time.perf_counter()
-        logits = self.model(tokens, plan, self.cache, probes, torch.tensor(sampled_tokens, device=self.device, dtype=torch.long))
+        logits = self.model(token_ids, plan, self.cache, probes, torch.tensor(sampled_tokens, device=self.device, dtype=torch.long))
         logits = logits.cpu()  # also waits for the device: honest step clocks
         ended = time.perf_counter()
         self.steps += 1
         batch = BatchStep(ended, self.steps, len(scheduled), prefill_tokens, len(scheduled) - prefilling, ended - started,
                           [s.request_id for s, _ in scheduled])
+        self.last_batch = batch
         row = 0
         leaving: list[SequenceState] = []
         for i, (state, fed_tokens) in enumerate(scheduled):
@@ -224,6 +226,16 @@ class Scheduler:
             self._release(state, keep=state.finish_reason is not None)
         self._shrink()
         return outputs
+
+    def drop_all(self) -> list[str]:
+        """Forget every sequence (after a forward that failed for all of them); their ids."""
+        dropped = [s.request_id for s in self.running] + [s.request_id for s in self.waiting]
+        self.running.clear()
+        self.waiting.clear()
+        self._known.clear()
+        self._aborted.clear()
+        self.cache.resize(0, 0, [])
+        return dropped
 
     @torch.inference_mode()
     def inspect(self, ids: Sequence[int]) -> LayerDetail:

@@ -15,7 +15,7 @@ import numpy as np
 
 from inference.plain import to_plain
 from inference.tokenizer import BPETokenizer
-from inference.trace import ContextBuilt, Finished, ForwardStep, LayerDetail, Sampled, TextDelta, Tokenized, TraceEvent
+from inference.trace import BatchStep, ContextBuilt, Finished, ForwardStep, LayerDetail, Sampled, TextDelta, Tokenized, TraceEvent
 
 # Full-level attention travels as 8-bit rows (each scaled to its own maximum), over at most this many
 # cached positions: the first few (attention sinks) and the most recent. ~140 kB per token at most.
@@ -25,6 +25,7 @@ ATTENTION_SINK_POSITIONS = 16
 EVENT_TYPES: dict[type, str] = {
     Tokenized: "tokenized",
     ContextBuilt: "context",
+    BatchStep: "batch",
     ForwardStep: "forward",
     Sampled: "sampled",
     TextDelta: "text",

@@ -163,7 +163,7 @@ def daphne_server(django_db_setup: None, tiny_model_path: Path, tmp_path_factory
         "ROUNDTRIP_MODELS": json.dumps(
             [{"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"]}, {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"]}]
         ),
-        "ROUNDTRIP_MAX_ACTIVE_STREAMS": "4",
+        "ROUNDTRIP_MAX_BATCH": "4",
         "ROUNDTRIP_MAX_QUEUED": "4",
         "PYTHONUNBUFFERED": "1",
     }

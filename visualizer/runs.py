@@ -1,8 +1,9 @@
 """One chat turn from the page: through the same gateway as the API, then the trace, as WebSocket frames.
 
 Frames, in order: "request" (the JSON as the server received it), "gateway" (each check
-with its time, the rate-limit bucket before and after, the model), "accepted", one
-"trace" per event, "usage" (the usage-log row), "done"; or an "error" frame instead.
+with its time, the rate-limit bucket before and after, the model), "accepted" (with the worker that took it),
+"waiting" while the batch is full (how many requests are ahead), one "trace" per event, "usage" (the
+usage-log row), "done"; or an "error" frame instead.
 """
 
 from __future__ import annotations
@@ -92,9 +93,13 @@ class Run:
             )
             assembler.prompt_tokens = self.generation.accepted.get("prompt_tokens", 0)
             yield {"type": "accepted", **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")}}
-            async for event in self.generation.events():
-                assembler.feed(event)
-                yield {"type": "trace", "event": event}
+            ctx.worker = self.generation.worker or ""
+            async for message in self.generation.messages():
+                if message["type"] == "waiting":
+                    yield {"type": "waiting", "ahead": message["ahead"]}
+                    continue
+                assembler.feed(message["event"])
+                yield {"type": "trace", "event": message["event"]}
             if self.generation.cancelled:
                 status, code = 499, "cancelled"
         except GatewayError as exc:
@@ -106,11 +111,14 @@ class Run:
             await asyncio.shield(self.cancel())
             raise
         finally:
+            if self.generation is not None:
+                self.generation.close()
             usage = assembler.usage()
             ttft = None if assembler.first_token_at is None else assembler.first_token_at - ctx.started
             finish = assembler.finish_reason if status == 200 else ("cancelled" if status == 499 else "error")
             record = await asyncio.shield(
-                sync_to_async(record_usage)(ctx, status, finish, code, usage["prompt_tokens"], usage["completion_tokens"], ttft)
+                sync_to_async(record_usage)(ctx, status, finish, code, usage["prompt_tokens"], usage["completion_tokens"], ttft,
+                                            usage["prompt_tokens_details"]["cached_tokens"])
             )
         if assembler.finished is not None:
             await sync_to_async(self._save_exchange)(ctx.request_id, request.messages, "".join(assembler.text))

@@ -38,6 +38,25 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not an integer") from None
 
 
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def env_bytes(name: str, default: int) -> int:
+    """A size in bytes: `2147483648`, `512M`, `2G` or `2GiB` (binary units)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    text = raw.strip().lower().removesuffix("ib").removesuffix("b")
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in _UNITS else (text, "")
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not a size (use bytes, or a number with K, M, G or T)") from None
+    if value < 0:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r} must not be negative")
+    return int(value)
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

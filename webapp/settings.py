@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.env import database_from_url, env_bool, env_int, env_json, env_list, env_str
+from webapp.env import database_from_url, env_bool, env_bytes, env_int, env_json, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "webapp.usage",
     "webapp.worker",
     "webapp.api",
+    "webapp.metrics",
     "visualizer",
 ]
 
@@ -110,9 +111,16 @@ ROUNDTRIP_MODELS = env_json(
 )
 # Run the inference worker inside the web process (the only choice with the in-memory layer).
 ROUNDTRIP_INPROCESS_WORKER = env_bool("ROUNDTRIP_INPROCESS_WORKER", not REDIS_URL)
-ROUNDTRIP_MAX_ACTIVE_STREAMS = env_int("ROUNDTRIP_MAX_ACTIVE_STREAMS", 8)  # decoded together, token by token
-ROUNDTRIP_MAX_QUEUED = env_int("ROUNDTRIP_MAX_QUEUED", 32)  # waiting beyond this: 503 overloaded
-ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)  # seconds without a word from the worker
+# The engine (per worker and model): sequences decoded together in one batched forward, requests
+# waiting for a slot (beyond that: 503 overloaded), the KV cache the running batch may use, prompt
+# tokens prefilled per step (a long prompt is spread over steps so others' streams keep flowing),
+# and the memory kept for reusing earlier prompts' keys and values.
+ROUNDTRIP_MAX_BATCH = env_int("ROUNDTRIP_MAX_BATCH", 32)
+ROUNDTRIP_MAX_QUEUED = env_int("ROUNDTRIP_MAX_QUEUED", 64)
+ROUNDTRIP_KV_CACHE_BYTES = env_bytes("ROUNDTRIP_KV_CACHE_BYTES", 2 * 1024**3)
+ROUNDTRIP_PREFILL_CHUNK = env_int("ROUNDTRIP_PREFILL_CHUNK", 128)
+ROUNDTRIP_PREFIX_CACHE_BYTES = env_bytes("ROUNDTRIP_PREFIX_CACHE_BYTES", 512 * 1024**2)
+ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)  # seconds without a word from a worker that still beats
 ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
 
 # --- The gateway ------------------------------------------------------------------------------
@@ -127,6 +135,9 @@ ROUNDTRIP_USER_LIMITS = env_json(
 )
 ROUNDTRIP_STORE_PROMPTS = env_bool("ROUNDTRIP_STORE_PROMPTS", False)  # keep prompt text in usage records
 ROUNDTRIP_MAX_BODY_BYTES = env_int("ROUNDTRIP_MAX_BODY_BYTES", 1024 * 1024)
+# /metrics: with a token, any client that sends `Authorization: Bearer <token>`; without one, loopback only.
+ROUNDTRIP_METRICS_TOKEN = env_str("ROUNDTRIP_METRICS_TOKEN", "")
+ROUNDTRIP_WORKER_METRICS_PORT = env_int("ROUNDTRIP_WORKER_METRICS_PORT", 0)  # `runinferenceworker`'s own metrics endpoint
 DATA_UPLOAD_MAX_MEMORY_SIZE = ROUNDTRIP_MAX_BODY_BYTES
 
 AUTH_PASSWORD_VALIDATORS = [

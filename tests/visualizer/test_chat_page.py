@@ -174,7 +174,7 @@ def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tin
         stop([server])
         page.wait_for_selector(".status.reconnecting", timeout=15000)
         assert "reconnecting" in page.inner_text("#socket-status")
-        assert not page.is_visible("#model-loading")
+        assert not page.is_visible("#model-loading"), page.inner_text("#model-loading")
         screenshot(page, "reconnecting")
         server = start(env, tmp_path / "b.log", "serve", "--port", str(port))
         wait_ready(url, [server], [tmp_path / "b.log"])

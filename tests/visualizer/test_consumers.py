@@ -68,7 +68,10 @@ def test_a_turn_sends_every_stage_in_order(with_worker: Any) -> None:
         kinds = [f["type"] for f in frames]
         assert kinds[:3] == ["request", "gateway", "accepted"] and kinds[-2:] == ["usage", "done"]
         events = [f["event"]["event"] for f in frames if f["type"] == "trace"]
-        assert events[:3] == ["tokenized", "context", "forward"] and events[-1] == "finished"
+        assert events[:4] == ["tokenized", "context", "batch", "forward"] and events[-1] == "finished"
+        assert frames[2]["worker"]  # the page can say which worker took the turn
+        batch = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "batch")
+        assert batch["batch_size"] == 1 and batch["requests"] == [frames[0]["request_id"]]
         gateway = frames[1]
         assert [s["name"] for s in gateway["stages"]] == ["authenticate", "rate_limit", "route"] and gateway["model"] == "tiny"
         finished = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "finished")
@@ -108,7 +111,7 @@ def test_step_mode_sends_one_token_per_next(with_worker: Any) -> None:
         assert await ws.receive_nothing(timeout=0.3)
         await ws.send_json_to({"type": "cancel"})
         frames = await _until(ws, "done")
-        assert frames[-2]["type"] == "usage" and frames[-2]["record"]["finish_reason"] == "cancelled"
+        assert frames[-2]["type"] == "usage" and frames[-2]["record"]["finish_reason"] == "cancelled", frames[-4:]
 
     with_worker(body)
 

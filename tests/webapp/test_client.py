@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
 from loops import run_async
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError

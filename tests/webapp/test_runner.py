@@ -10,7 +10,8 @@ from typing import Any, Iterator
 import pytest
 
 from inference.loader import load_model
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
+from inference.scheduler import SchedulerConfig
 from webapp.worker.protocol import params_to_dict
 from webapp.worker.runner import EngineRunner
 
@@ -50,13 +51,15 @@ def _finished(m: dict[str, Any]) -> bool:
 
 def _generate(request_id: str, max_tokens: int = 20, **extra: Any) -> dict[str, Any]:
     params = params_to_dict(SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens))
-    return {"type": "generate", "request_id": request_id, "reply_to": f"reply.{request_id}", "messages": HI, "params": params, "sent_at": time.time(), **extra}
+    return {"type": "generate", "model": "tiny", "request_id": request_id, "reply_to": f"reply.{request_id}", "messages": HI, "params": params,
+            "sent_at": time.time(), **extra}
 
 
 @pytest.fixture
 def runner(tiny_model_path: Path) -> Iterator[tuple[EngineRunner, Replies]]:
     replies = Replies()
-    engine = EngineRunner({"tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False)}, replies.ready.put, replies.emit, "control.x", max_active=2, max_queued=2)
+    engine = EngineRunner({"tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False)}, replies.ready.put, replies.emit, "control.x",
+                          SchedulerConfig(max_batch=2, max_waiting=2))
     assert replies.ready.get(timeout=60) == "tiny"
     yield engine, replies
     engine.stop()
@@ -113,7 +116,7 @@ def test_a_model_that_fails_to_load_is_reported_and_the_others_still_load(tiny_m
         "broken": lambda: load_model(str(tmp_path / "missing.gguf")),
         "tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False),
     }
-    engine = EngineRunner(loaders, replies.ready.put, replies.emit, "control.x", max_active=1, max_queued=1)
+    engine = EngineRunner(loaders, replies.ready.put, replies.emit, "control.x", SchedulerConfig(max_batch=1, max_waiting=1))
     try:
         assert [replies.ready.get(timeout=60), replies.ready.get(timeout=60)] == ["broken", "tiny"]
         assert "missing.gguf: no such file" in engine.failures["broken"]

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 import pytest
 from django.test import override_settings
 
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
 from loops import run_async
 from webapp.api.schema import ChatRequest
 from webapp.api.views import _stream
@@ -28,7 +28,7 @@ class ScriptedGeneration(Generation):
     """A generation whose replies are scripted; `fail` raises where the worker would report an error."""
 
     def __init__(self, events: list[dict[str, Any] | Exception]) -> None:
-        super().__init__(None, "chatcmpl-test", "reply.test")  # type: ignore[arg-type]
+        super().__init__(None, "chatcmpl-test", "reply.test", None)  # type: ignore[arg-type]
         self.script = events
         self.cancelled = False
 

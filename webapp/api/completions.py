@@ -63,11 +63,13 @@ class Assembler:
     def finish_reason(self) -> str:
         return self.finished["finish_reason"] if self.finished else "cancelled"
 
-    def usage(self) -> dict[str, int]:
-        """The finished event's counts; for a request cut short, what it had used so far."""
+    def usage(self) -> dict[str, Any]:
+        """The finished event's counts, as OpenAI reports them; for a request cut short, what it had used so far."""
         prompt = self.finished["prompt_tokens"] if self.finished else self.prompt_tokens
         completion = self.finished["completion_tokens"] if self.finished else self.sampled
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = self.finished["cached_tokens"] if self.finished else 0
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def timings(ctx: RequestContext, assembler: Assembler) -> dict[str, Any]:
@@ -78,9 +80,12 @@ def timings(ctx: RequestContext, assembler: Assembler) -> dict[str, Any]:
     if assembler.finished:
         t = assembler.finished["timings"]
         out |= {
-            "queue_ms": round(t.get("queue", 0.0) * 1000, 3),
+            "queue_ms": round(t["queue"] * 1000, 3),
             "tokenize_ms": round(t["tokenize"] * 1000, 3),
             "prefill_ms": round(t["prefill"] * 1000, 3),
+            "prefill_saved_ms": round(t["prefill_saved"] * 1000, 3),
+            "cached_tokens": assembler.finished["cached_tokens"],
+            "max_batch_size": assembler.finished["max_batch_size"],
             "decode_ms": round(t["decode"] * 1000, 3),
             "engine_ttft_ms": round(t["ttft"] * 1000, 3),
             "mean_itl_ms": None if t["mean_itl"] is None else round(t["mean_itl"] * 1000, 3),

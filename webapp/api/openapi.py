@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.sampling import MAX_TOP_LOGPROBS
+from inference.params import MAX_TOP_LOGPROBS
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 

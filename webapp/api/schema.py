@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 
-from inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from inference.params import MAX_TOP_LOGPROBS, SamplingParams
 from webapp.gateway.errors import GatewayError, bad_request
 
 KNOWN_FIELDS = {

@@ -27,7 +27,7 @@ from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
 from webapp.gateway.identity import Identity, identify_key
 from webapp.gateway.routing import configured_models
 from webapp.gateway.watch import anyone_watching, publish
-from webapp.worker.service import model_status
+from webapp.worker.registry import model_load
 
 
 def _error(exc: GatewayError, ctx: RequestContext | None = None) -> JsonResponse:
@@ -90,6 +90,8 @@ async def chat_completions(request: HttpRequest, ctx: RequestContext) -> HttpRes
     except GatewayError as exc:
         await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
         return _error(exc, ctx)
+    if generation.worker:
+        ctx.worker = generation.worker
     if body.stream:
         headers = {**ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingHttpResponse(_stream(ctx, body, generation), content_type="text/event-stream", headers=headers)
@@ -128,6 +130,7 @@ async def _complete(ctx: RequestContext, body: ChatRequest, generation: client.G
         await asyncio.shield(generation.cancel())
         return _error(_server_error(exc), ctx)
     finally:
+        generation.close()
         await _settle(ctx, assembler, status, error_code)
 
 
@@ -171,6 +174,7 @@ async def _stream(ctx: RequestContext, body: ChatRequest, generation: client.Gen
         await asyncio.shield(generation.cancel())
         raise
     finally:
+        generation.close()
         await _settle(ctx, assembler, status, error_code)
 
 
@@ -179,7 +183,8 @@ async def _settle(ctx: RequestContext, assembler: Assembler, status: int, error_
     ttft = None if assembler.first_token_at is None else assembler.first_token_at - ctx.started
     finish = assembler.finish_reason if status == 200 else ("cancelled" if status == 499 else "error")
     await asyncio.shield(
-        sync_to_async(record_usage)(ctx, status, finish, error_code, usage["prompt_tokens"], usage["completion_tokens"], ttft)
+        sync_to_async(record_usage)(ctx, status, finish, error_code, usage["prompt_tokens"], usage["completion_tokens"], ttft,
+                                    usage["prompt_tokens_details"]["cached_tokens"])
     )
 
 
@@ -190,7 +195,7 @@ async def models(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
     except GatewayError as exc:
         return _error(exc, ctx)
     data = [
-        {"id": r.id, "object": "model", "created": 0, "owned_by": "roundtrip", "aliases": list(r.aliases), "status": await sync_to_async(model_status)(r.id)}
+        {"id": r.id, "object": "model", "created": 0, "owned_by": "roundtrip", "aliases": list(r.aliases), "status": await sync_to_async(model_load)(r.id)}
         for r in configured_models()
         if identity.may_use(r.id)
     ]

@@ -1,7 +1,9 @@
-"""The web side's handle on a generation: send the request over the channel layer, read the replies.
+"""The web side's handle on a generation: pick a worker, send the request over the channel layer, read the replies.
 
 Nothing here imports torch: the model lives in an inference worker, in this process
-(in-memory layer) or another one (Redis).
+(in-memory layer) or another one (Redis). The worker is chosen from the heartbeats
+(`webapp.worker.registry`); while waiting for replies the client keeps an eye on that
+worker's heartbeat, so a worker that dies mid-stream is an error within seconds, not a hang.
 """
 
 from __future__ import annotations
@@ -9,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
+from asgiref.sync import sync_to_async
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.routing import ModelRoute
-from webapp.worker.protocol import params_to_dict
+from webapp.worker import registry
+from webapp.worker.protocol import GenerateRequest, InspectRequest, TokenizeRequest, WorkerStatus, params_to_dict
 
 
 def new_request_id() -> str:
@@ -31,29 +35,18 @@ def _layer() -> BaseChannelLayer:
     return layer
 
 
-async def _receive(layer: BaseChannelLayer, channel: str, patient: bool = False) -> dict[str, Any]:
-    """The next reply; a silent worker is a 503 after ROUNDTRIP_WORKER_TIMEOUT unless `patient` (step mode waits for a person)."""
-    try:
-        timeout = None if patient else settings.ROUNDTRIP_WORKER_TIMEOUT
-        message: dict[str, Any] = await asyncio.wait_for(layer.receive(channel), timeout)
-    except asyncio.TimeoutError:
-        raise GatewayError(
-            503, "The inference worker did not answer in time; retry shortly.", "server_error", "worker_timeout", headers={"Retry-After": "5"}
-        ) from None
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # Redis down or the like: an answer in the API's own format, not a crash
-        raise _layer_failed(exc) from exc
-    return message
-
-
-def _layer_failed(exc: Exception) -> GatewayError:
+def _layer_failed(exc: BaseException) -> GatewayError:
     return GatewayError(503, f"The channel layer failed ({type(exc).__name__}); retry shortly.", "server_error", "channel_layer_error", headers={"Retry-After": "2"})
 
 
-async def _send(layer: BaseChannelLayer, channel: str, message: dict[str, Any]) -> None:
+def _worker_lost(worker: str) -> GatewayError:
+    return GatewayError(503, f"The inference worker {worker} stopped answering (no heartbeat for {registry.HEARTBEAT_TTL} s); retry.",
+                        "server_error", "worker_lost", headers={"Retry-After": "1"})
+
+
+async def _send(layer: BaseChannelLayer, channel: str, message: Mapping[str, Any]) -> None:
     try:
-        await layer.send(channel, message)
+        await layer.send(channel, dict(message))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -68,44 +61,117 @@ def _raise_for(message: dict[str, Any]) -> None:
         raise GatewayError(status, str(message.get("message")), kind, message.get("code"), message.get("param"), headers)
 
 
+class Replies:
+    """The replies on one channel, read without ever cancelling a receive (cancel-safe on every layer), while
+    watching the worker's heartbeat: a dead worker raises `worker_lost`, a silent live one `worker_timeout`."""
+
+    def __init__(self, layer: BaseChannelLayer, channel: str, worker: str | None) -> None:
+        self.layer = layer
+        self.channel = channel
+        self.worker = worker
+        self._receiving: asyncio.Task[dict[str, Any]] | None = None
+
+    async def next(self, patient: bool = False) -> dict[str, Any]:
+        deadline = None if patient else time.monotonic() + settings.ROUNDTRIP_WORKER_TIMEOUT
+        while True:
+            if self._receiving is None:
+                self._receiving = asyncio.ensure_future(self.layer.receive(self.channel))
+            task = self._receiving
+            done, _ = await asyncio.wait({task}, timeout=registry.HEARTBEAT_SECONDS)
+            if done:
+                self._receiving = None
+                try:
+                    message: dict[str, Any] = task.result()
+                except Exception as exc:  # Redis down or the like: an answer in the API's own format, not a crash
+                    raise _layer_failed(exc) from exc
+                return message
+            if self.worker is not None and not await sync_to_async(registry.is_alive, thread_sensitive=False)(self.worker):
+                raise _worker_lost(self.worker)
+            if deadline is not None and time.monotonic() > deadline:
+                raise GatewayError(503, "The inference worker did not answer in time; retry shortly.", "server_error", "worker_timeout",
+                                   headers={"Retry-After": "5"})
+
+    def close(self) -> None:
+        if self._receiving is not None:
+            self._receiving.cancel()
+            self._receiving = None
+
+
+async def _target(route: ModelRoute) -> tuple[str, str | None]:
+    """Where to send work for `route`: the least-loaded live worker's inbox, or (none has reported yet) the
+    model's shared channel. 503 `overloaded` when even the least-loaded worker has a full queue."""
+    worker: WorkerStatus | None = await sync_to_async(registry.pick, thread_sensitive=False)(route.id)
+    if worker is None:
+        return route.work_channel, None
+    if registry.full(worker, route.id):
+        waiting = worker["models"][route.id]["waiting"]
+        raise GatewayError(503, f"Server busy: {waiting} requests are ahead of you. Retry in 2 s.", "server_error", "overloaded",
+                           headers={"Retry-After": "2"})
+    return worker["channel"], worker["worker"]
+
+
 class Generation:
     """One request's replies. `start()` waits until the worker accepted it (or raises its error)."""
 
-    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str, step: bool = False) -> None:
+    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str, worker: str | None, step: bool = False) -> None:
         self.layer = layer
         self.step = step
         self.request_id = request_id
-        self.reply_to = reply_to
+        self.replies = Replies(layer, reply_to, worker)
         self.control: str | None = None
+        self.worker = worker
+        self.ahead = 0  # requests waiting before this one, as the worker last said
         self.accepted: dict[str, Any] = {}
         self.finished: dict[str, Any] | None = None
         self.cancelled = False
+        self.closed = False
+        if worker is not None:
+            registry.in_flight[worker] += 1
 
     async def start(self) -> dict[str, Any]:
         while True:
-            message = await _receive(self.layer, self.reply_to)
+            message = await self.replies.next()
             _raise_for(message)
             if message.get("type") == "queued":
-                self.control = message.get("control")
+                self._queued(message)
             elif message.get("type") == "accepted":
                 self.control = message.get("control", self.control)
                 self.accepted = message
                 return message
 
+    def _queued(self, message: dict[str, Any]) -> None:
+        self.control = message.get("control")
+        self.ahead = int(message.get("ahead", 0))
+        if self.worker is None:  # sent to the shared channel: now we know who took it
+            self.worker = self.replies.worker = message.get("worker")
+            if self.worker is not None:
+                registry.in_flight[self.worker] += 1
+
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+        """Every reply until the end: "waiting" updates and trace events; an error reply raises GatewayError."""
+        try:
+            while self.finished is None:
+                message = await self.replies.next(patient=self.step)
+                _raise_for(message)
+                kind = message.get("type")
+                if kind == "cancelled":
+                    self.cancelled = True
+                    return
+                if kind == "waiting":
+                    self.ahead = int(message["ahead"])
+                    yield message
+                elif kind == "event":
+                    if message["event"]["event"] == "finished":
+                        self.finished = message["event"]
+                    yield message
+        finally:
+            self.close()
+
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Trace events until "finished" (or the worker confirms a cancel); an error reply mid-stream raises GatewayError."""
-        while self.finished is None:
-            message = await _receive(self.layer, self.reply_to, patient=self.step)
-            _raise_for(message)
-            if message.get("type") == "cancelled":
-                self.cancelled = True
-                return
-            if message.get("type") != "event":
-                continue
-            event: dict[str, Any] = message["event"]
-            if event["event"] == "finished":
-                self.finished = event
-            yield event
+        """The trace events until "finished" (or the worker confirms a cancel)."""
+        async for message in self.messages():
+            if message["type"] == "event":
+                yield message["event"]
 
     async def next_token(self) -> None:
         """Step mode: let the worker produce the next token."""
@@ -120,6 +186,14 @@ class Generation:
             except Exception:  # best effort: a worker that cannot be told drops the request when its replies bounce
                 pass
 
+    def close(self) -> None:
+        """Stop reading and give back this request's place in the routing counts."""
+        if not self.closed:
+            self.closed = True
+            self.replies.close()
+            if self.worker is not None:
+                registry.in_flight[self.worker] -= 1
+
 
 async def generate(
     route: ModelRoute,
@@ -131,51 +205,58 @@ async def generate(
     fit_max_tokens: bool = False,
     step: bool = False,
 ) -> Generation:
-    """Send a generate request to the model's workers and wait until it is accepted."""
+    """Send a generate request to the model's least-loaded worker and wait until it is accepted."""
     layer = _layer()
+    channel, worker = await _target(route)
     reply_to = await layer.new_channel("reply.")
-    generation = Generation(layer, request_id or new_request_id(), reply_to, step)
-    await _send(
-        layer,
-        route.work_channel,
-        {
-            "type": "generate",
-            "request_id": generation.request_id,
-            "reply_to": reply_to,
-            "messages": messages,
-            "params": params_to_dict(params),
-            "level": level,
-            "truncate_history": truncate_history,
-            "fit_max_tokens": fit_max_tokens,
-            "step": step,
-            "sent_at": time.time(),
-        },
-    )
+    generation = Generation(layer, request_id or new_request_id(), reply_to, worker, step)
+    request: GenerateRequest = {
+        "type": "generate",
+        "model": route.id,
+        "request_id": generation.request_id,
+        "reply_to": reply_to,
+        "messages": messages,
+        "params": params_to_dict(params),
+        "level": level,
+        "truncate_history": truncate_history,
+        "fit_max_tokens": fit_max_tokens,
+        "step": step,
+        "sent_at": time.time(),
+    }
     try:
+        await _send(layer, channel, request)
         await generation.start()
     except BaseException:  # the client left, or the worker refused: make sure nothing keeps running
         await generation.cancel()
+        generation.close()
         raise
     return generation
 
 
-async def tokenize(route: ModelRoute, text: str) -> dict[str, Any]:
+async def _ask(route: ModelRoute, message: dict[str, Any], answer: str) -> dict[str, Any]:
+    """One request, one reply of type `answer` (tokenize, inspect)."""
     layer = _layer()
+    channel, worker = await _target(route)
     reply_to = await layer.new_channel("reply.")
-    await _send(layer, route.work_channel, {"type": "tokenize", "request_id": new_request_id(), "reply_to": reply_to, "text": text})
-    message = await _receive(layer, reply_to)
-    _raise_for(message)
-    return message
+    replies = Replies(layer, reply_to, worker)
+    try:
+        await _send(layer, channel, {**message, "model": route.id, "request_id": new_request_id(), "reply_to": reply_to})
+        while True:
+            reply = await replies.next()
+            _raise_for(reply)
+            if reply.get("type") == answer:
+                return reply
+    finally:
+        replies.close()
+
+
+async def tokenize(route: ModelRoute, text: str) -> dict[str, Any]:
+    message: TokenizeRequest = {"type": "tokenize", "model": route.id, "request_id": "", "reply_to": "", "text": text}
+    return await _ask(route, dict(message), "tokens")
 
 
 async def inspect(route: ModelRoute, ids: list[int]) -> dict[str, Any]:
     """Full-level detail (attention, norms, logit lens) for the last of `ids`, recomputed by the worker."""
-    layer = _layer()
-    reply_to = await layer.new_channel("reply.")
-    await _send(layer, route.work_channel, {"type": "inspect", "request_id": new_request_id(), "reply_to": reply_to, "ids": ids, "sent_at": time.time()})
-    while True:
-        message = await _receive(layer, reply_to)
-        _raise_for(message)
-        if message.get("type") == "inspection":
-            detail: dict[str, Any] = message["detail"]
-            return detail
+    message: InspectRequest = {"type": "inspect", "model": route.id, "request_id": "", "reply_to": "", "ids": ids, "sent_at": time.time()}
+    detail: dict[str, Any] = (await _ask(route, dict(message), "inspection"))["detail"]
+    return detail

@@ -17,6 +17,7 @@ from webapp.gateway.errors import GatewayError
 from webapp.gateway.identity import Identity
 from webapp.gateway.limits import RateLimiter, RateState
 from webapp.gateway.routing import ModelRoute, resolve
+from webapp.metrics import metrics
 from webapp.usage.models import UsageRecord
 
 
@@ -42,6 +43,8 @@ class RequestContext:
     stages: list[Stage] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     prompt_text: str = ""
+    worker: str = ""  # the inference worker that served it
+
 
     def timed(self, name: str, started: float, **detail: Any) -> None:
         self.stages.append(Stage(name, time.perf_counter() - started, detail))
@@ -53,6 +56,8 @@ class RequestContext:
     def headers(self) -> dict[str, str]:
         out = self.rate.headers() if self.rate else {}
         out["x-request-id"] = self.request_id
+        if self.worker:
+            out["x-roundtrip-worker"] = self.worker
         out["x-roundtrip-gateway-ms"] = ";".join(f"{s.name}={s.seconds * 1000:.2f}" for s in self.stages)
         return out
 
@@ -87,8 +92,9 @@ def record_usage(
     prompt_tokens: int = 0,
     completion_tokens: int = 0,
     ttft: float | None = None,
+    cached_tokens: int = 0,
 ) -> UsageRecord:
-    """The usage row for this request; also settles its tokens and frees its concurrency slot."""
+    """The usage row for this request (and the gateway's counters); also settles its tokens and frees its concurrency slot."""
     started = time.perf_counter()
     identity = ctx.identity
     if ctx.limiter is not None:
@@ -107,10 +113,15 @@ def record_usage(
         finish_reason=finish_reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+        worker=ctx.worker,
         ttft_ms=None if ttft is None else ttft * 1000,
         total_ms=(time.perf_counter() - ctx.started) * 1000,
         client_ip=ctx.client_ip,
         prompt_text=ctx.prompt_text if settings.ROUNDTRIP_STORE_PROMPTS else "",
     )
     ctx.timed("usage_log", started)
+    metrics.gateway_requests.labels(ctx.endpoint, str(status)).inc()
+    if status >= 400:
+        metrics.gateway_refused.labels(ctx.endpoint, error_code or str(status)).inc()
     return record

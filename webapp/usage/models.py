@@ -20,6 +20,8 @@ class UsageRecord(models.Model):
     finish_reason = models.CharField(max_length=32, blank=True, help_text="stop, length, cancelled (client left) or error")
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0, help_text="Prompt tokens whose keys and values came from the prefix cache.")
+    worker = models.CharField(max_length=100, blank=True, help_text="The inference worker that served the request.")
     ttft_ms = models.FloatField(null=True, blank=True)
     total_ms = models.FloatField(null=True, blank=True)
     client_ip = models.GenericIPAddressField(null=True, blank=True)

@@ -14,8 +14,6 @@ from typing import Any, Awaitable, Callable
 
 from django.conf import settings
 
-from webapp.worker.service import serve
-
 log = logging.getLogger("roundtrip.worker")
 _task: asyncio.Task[None] | None = None
 
@@ -24,6 +22,8 @@ def ensure_started(loop: asyncio.AbstractEventLoop | None = None) -> None:
     global _task
     if not settings.ROUNDTRIP_INPROCESS_WORKER or (_task is not None and not _task.done()):
         return
+    from webapp.worker.service import serve  # the engine (torch) loads only where the worker runs
+
     loop = loop or asyncio.get_event_loop()
     _task = loop.create_task(serve())
     _task.add_done_callback(_report_exit)

@@ -1,61 +1,222 @@
-"""The one protocol between the web side and inference workers, over the Channels channel layer.
+"""The one protocol between the web side and inference workers, over the Channels channel layer: typed messages.
 
-To a model's work channel (`inference.<model id>`):
-    {"type": "generate", "request_id", "reply_to", "messages", "params", "level", "truncate_history", "step", "sent_at"}
-    {"type": "tokenize", "request_id", "reply_to", "text"}
-    {"type": "inspect", "request_id", "reply_to", "ids"}   full-level detail for the last of `ids`, recomputed
-To the worker's own control channel (named in its "queued" reply):
-    {"type": "cancel", "request_id"}
-    {"type": "next", "request_id"}      step mode: the request pauses after each token until this arrives
-Replies, on the requester's `reply_to` channel, in order:
-    {"type": "queued", "request_id", "control"}                                 the worker has it; cancel goes to `control`
-    {"type": "accepted", "request_id", "control", "prompt_tokens", "queued"}   the request passed every check
-    {"type": "event", "request_id", "event": {...}}                              one trace event (inference.trace_json)
-    {"type": "error", "request_id", "status", "message", "code", "param"}      before or instead of the end
-    {"type": "cancelled", "request_id"}                                          the end of a cancelled request
-    {"type": "tokens", "request_id", "ids", "tokens", "spans"}                 the answer to "tokenize"
-    {"type": "inspection", "request_id", "detail"}                               the answer to "inspect"
-A stream ends with the "finished" event, an "error" or "cancelled". `sent_at` is wall-clock seconds, so
-the worker can tell how long the message waited in the channel, even across machines.
+Torch-free on purpose: the web side builds and reads these without importing the engine.
+Channel-layer messages must be plain dicts (msgpack on Redis), so they are TypedDicts.
+
+Requests go to a worker's own inbox (`channel` in its heartbeat; `webapp.worker.registry`
+picks the least-loaded live worker) or, before any worker has reported, to the model's
+shared work channel `inference.<model id>`, which every worker holding the model consumes:
+    GenerateRequest, TokenizeRequest, InspectRequest
+Control messages go to the inbox named in the "queued" reply: CancelMessage, NextMessage.
+Replies come, in order, on the requester's `reply_to` channel:
+    Queued → Waiting* → Accepted → EventReply* (the trace, ending with the "finished" event)
+    or an ErrorReply / CancelledReply instead; TokensReply / InspectionReply answer the others.
+`sent_at` is wall-clock seconds, so a worker can tell how long a message waited, even across machines.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from inference.errors import ContextLengthExceededError, InvalidRequestError
-from inference.sampling import SamplingParams
+from inference.params import SamplingParams
 
-PARAM_FIELDS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-    "max_tokens",
-    "stop",
-    "top_logprobs",
-)
+# --- requests -------------------------------------------------------------------------------
 
 
-def params_to_dict(params: SamplingParams) -> dict[str, Any]:
-    return {name: list(value) if name == "stop" else value for name in PARAM_FIELDS if (value := getattr(params, name)) is not None}
+class SamplingDict(TypedDict, total=False):
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+    max_tokens: int
+    stop: list[str]
+    top_logprobs: int
+    ignore_eos: bool
 
 
-def params_from_dict(values: dict[str, Any]) -> SamplingParams:
-    fields = {name: values[name] for name in PARAM_FIELDS if name in values}
+class GenerateRequest(TypedDict):
+    type: Literal["generate"]
+    model: str
+    request_id: str
+    reply_to: str
+    messages: list[dict[str, str]]  # {"role", "content"}, checked by the gateway's parser
+    params: SamplingDict
+    level: str  # "off" | "summary" | "full"
+    truncate_history: bool
+    fit_max_tokens: bool  # max_tokens was a default: shrink it to the room left in the context
+    step: bool  # step mode: pause after every token until a NextMessage
+    sent_at: float
+
+
+class TokenizeRequest(TypedDict):
+    type: Literal["tokenize"]
+    model: str
+    request_id: str
+    reply_to: str
+    text: str
+
+
+class InspectRequest(TypedDict):
+    type: Literal["inspect"]
+    model: str
+    request_id: str
+    reply_to: str
+    ids: list[int]
+    sent_at: float
+
+
+class CancelMessage(TypedDict):
+    type: Literal["cancel"]
+    request_id: str
+
+
+class NextMessage(TypedDict):
+    type: Literal["next"]
+    request_id: str
+
+
+# --- replies --------------------------------------------------------------------------------
+
+
+class Queued(TypedDict):
+    """The worker has the request; control messages go to `control`; `ahead` requests wait before it."""
+
+    type: Literal["queued"]
+    request_id: str
+    control: str
+    worker: str
+    ahead: int
+
+
+class Waiting(TypedDict):
+    """Still waiting for a slot in the running batch (sent when the count changes, to traced requests)."""
+
+    type: Literal["waiting"]
+    request_id: str
+    ahead: int
+
+
+class Accepted(TypedDict):
+    """The request passed every check and waits for (or has) a slot."""
+
+    type: Literal["accepted"]
+    request_id: str
+    control: str
+    worker: str
+    prompt_tokens: int
+    seed: int
+    queued: float  # seconds from arrival to acceptance (channel wait and tokenization)
+
+
+class EventReply(TypedDict):
+    type: Literal["event"]
+    request_id: str
+    event: dict[str, Any]  # one trace event, serialized by inference.trace_json
+
+
+class ErrorReply(TypedDict):
+    type: Literal["error"]
+    request_id: str
+    status: int
+    message: str
+    code: str
+    param: str | None
+    retry_after: NotRequired[int]
+    ahead: NotRequired[int]
+
+
+class CancelledReply(TypedDict):
+    type: Literal["cancelled"]
+    request_id: str
+
+
+class TokensReply(TypedDict):
+    type: Literal["tokens"]
+    request_id: str
+    ids: list[int]
+    tokens: list[str]
+    spans: list[list[int]]
+
+
+class InspectionReply(TypedDict):
+    type: Literal["inspection"]
+    request_id: str
+    detail: dict[str, Any]
+
+
+Reply = Queued | Waiting | Accepted | EventReply | ErrorReply | CancelledReply | TokensReply | InspectionReply
+
+
+# --- what a worker reports about itself -------------------------------------------------------
+
+
+class ModelLoad(TypedDict):
+    """One model's load progress, as `/health` and the page show it."""
+
+    state: str  # "loading" | "ready" | "failed" | "not started"
+    stage: NotRequired[str]
+    done: NotRequired[int]
+    total: NotRequired[int]
+    detail: NotRequired[str]
+
+
+class ModelSlots(TypedDict):
+    """What a worker holds of one model: its batch, queue and KV cache right now."""
+
+    running: int
+    waiting: int
+    max_batch: int
+    max_waiting: int
+    kv_usage: float
+
+
+class WorkerStatus(TypedDict):
+    """A worker's heartbeat: who it is, where to reach it, and what it holds."""
+
+    worker: str
+    channel: str
+    host: str
+    pid: int
+    t: float  # wall clock of the beat
+    models: dict[str, ModelSlots]
+
+
+# --- conversions ------------------------------------------------------------------------------
+
+PARAM_FIELDS = tuple(SamplingDict.__annotations__)
+
+
+def params_to_dict(params: SamplingParams) -> SamplingDict:
+    out: dict[str, Any] = {}
+    for name in PARAM_FIELDS:
+        value = getattr(params, name)
+        if value is not None:
+            out[name] = list(value) if name == "stop" else value
+    return out  # type: ignore[return-value]
+
+
+def params_from_dict(values: SamplingDict) -> SamplingParams:
+    fields: dict[str, Any] = {name: values[name] for name in PARAM_FIELDS if name in values}  # type: ignore[literal-required]
     if "stop" in fields:
         fields["stop"] = tuple(fields["stop"])
     return SamplingParams(**fields)
 
 
-def error_reply(request_id: str, exc: Exception) -> dict[str, Any]:
+def overloaded(request_id: str, waiting: int, retry_after: int = 2) -> ErrorReply:
+    return {"type": "error", "request_id": request_id, "status": 503, "code": "overloaded", "param": None, "retry_after": retry_after,
+            "ahead": waiting, "message": f"Server busy: {waiting} requests are ahead of you. Retry in {retry_after} s."}
+
+
+def error_reply(request_id: str, exc: Exception) -> ErrorReply:
     """An inference-side failure as a reply the gateway turns into an OpenAI-style error."""
     if isinstance(exc, ContextLengthExceededError):
         return {"type": "error", "request_id": request_id, "status": 400, "message": str(exc), "code": "context_length_exceeded", "param": "messages"}
     if isinstance(exc, InvalidRequestError):
         return {"type": "error", "request_id": request_id, "status": 400, "message": str(exc), "code": "invalid_value", "param": exc.param}
-    return {"type": "error", "request_id": request_id, "status": 500, "message": f"The model failed: {type(exc).__name__}: {exc}", "code": "server_error", "param": None}
+    return {"type": "error", "request_id": request_id, "status": 500, "message": f"The model failed ({type(exc).__name__}); the worker logged the details.",
+            "code": "server_error", "param": None}

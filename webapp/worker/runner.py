@@ -1,12 +1,11 @@
-"""The engine's thread: loads the models, then decodes the active requests together, token by token.
+"""The engine's thread: loads the models, then feeds their schedulers and sends what each step produced.
 
-Torch work never runs on the event loop, and all of it runs on this one thread: the model
-is loaded here too, because every thread that calls into torch gets its own OpenMP team,
-and two teams on two cores halve decode speed (measured: 37 ms vs 64 ms per token).
-Each loop turn advances every active stream by one event, so several requests progress
-side by side instead of waiting for each other (true batched forwards are the next step;
-the model already takes a batch). Replies go out through `emit`, which hands them to the
-event loop in order.
+Torch work never runs on the event loop, and all of it runs on this one thread: the
+model is loaded here too, because every thread that calls into torch gets its own OpenMP
+team, and two teams on two cores halve decode speed (measured: 37 ms vs 64 ms per token).
+Templates and tokenization (no torch) run on a second, "prepare" thread, so a huge
+prompt never stalls the decode loop. Everything else arrives as commands on a queue;
+replies go out through `emit`, which hands them to the event loop in order.
 """
 
 from __future__ import annotations
@@ -15,38 +14,65 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Mapping, cast
 
-from inference.loader import LoadedModel
-from inference.pipeline import ChatPipeline
-from inference.sampling import SamplingParams
-from inference.trace import Finished, TraceEvent, TraceLevel
+from inference.chat_template import Message
 from inference.errors import InvalidRequestError
+from inference.loader import LoadedModel
+from inference.params import SamplingParams
+from inference.pipeline import ChatPipeline
+from inference.scheduler import KVBudgetExceededError, QueueFullError, Scheduler, SchedulerConfig, SequenceOutput
+from inference.sequence import SequenceRequest
+from inference.tokenizer import BPETokenizer
+from inference.trace import Sampled, TraceLevel
 from inference.trace_json import detail_to_dict, event_to_dict
-from webapp.worker.protocol import error_reply, params_from_dict
+from webapp.metrics import metrics
+from webapp.worker.protocol import (
+    Accepted,
+    GenerateRequest,
+    InspectRequest,
+    ModelSlots,
+    TokenizeRequest,
+    error_reply,
+    overloaded,
+    params_from_dict,
+)
 
 log = logging.getLogger("roundtrip.worker")
 STEP_IDLE_LIMIT = 1800.0  # seconds a step-mode request may wait for "next" before it is dropped
 INSPECT_BUDGET_POSITIONS = 2048  # asked for on purpose, one token at a time: a bigger budget than live frames
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[str, Mapping[str, Any]], None]
 
 
 @dataclass
 class Job:
     model_id: str
-    message: dict[str, Any]
-    received_at: float  # perf_counter when the worker got the message
-    stream: Generator[TraceEvent, None, None] | None = None
-    started_at: float = 0.0
-    cancelled: bool = False
+    message: GenerateRequest
+    received_at: float  # perf_counter when the message was sent (its channel wait counts)
+    level: TraceLevel = TraceLevel.OFF
+    cancelled: bool = False  # asked to stop before the scheduler had it
+    in_scheduler: bool = False
     paused_since: float | None = None  # step mode: waiting for "next" after a token, since then
+    ahead: int | None = None  # last queue position told to the client
     reply_to: str = field(init=False)
     request_id: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.reply_to = self.message["reply_to"]
         self.request_id = self.message["request_id"]
+
+
+@dataclass
+class Served:
+    """One loaded model on this worker: its pipeline (template, tokenizer) and its scheduler."""
+
+    pipeline: ChatPipeline
+    scheduler: Scheduler
+    slots: ModelSlots
+    pending: int = 0  # accepted by `submit`, not yet in the scheduler (being tokenized)
+    prefix_seen: tuple[int, int] = (0, 0)  # prefix-cache totals already counted in the metrics
 
 
 class EngineRunner:
@@ -58,33 +84,99 @@ class EngineRunner:
         on_ready: Callable[[str], None],
         emit: Emit,
         control_channel: str,
-        max_active: int,
-        max_queued: int,
+        config: SchedulerConfig,
+        worker_id: str = "worker",
     ) -> None:
-        self.pipelines: dict[str, ChatPipeline] = {}
+        self.models: dict[str, Served] = {}
         self.failures: dict[str, str] = {}  # model id -> why it could not be loaded
+        self.worker_id = worker_id
+        self.config = config
         self._loaders = loaders
         self._on_ready = on_ready
         self._emit = emit
         self._control = control_channel
-        self._max_active = max_active
-        self._inbox: queue.Queue[Job | None] = queue.Queue(maxsize=max_queued)  # None: stop
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._stopping = False
-        self._wake = threading.Event()  # something changed: a new job, a cancel, a "next"
+        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="roundtrip-prepare")
         self._thread = threading.Thread(target=self._main, name="roundtrip-engine", daemon=True)
         self._thread.start()
 
+    # --- called from the event loop (any thread) ---------------------------------------------
+
     def stop(self, timeout: float = 30.0) -> None:
-        """End the engine thread (after the current step), dropping queued and active requests."""
+        """End the engine thread (after the current step), dropping queued and running requests."""
         self._stopping = True
-        self._wake.set()
-        try:
-            self._inbox.put_nowait(None)
-        except queue.Full:
-            pass  # the loop sees _stopping at its next turn
+        self._commands.put(("stop", None))
         self._thread.join(timeout)
+        self._prepare.shutdown(wait=False, cancel_futures=True)
+
+    def slots(self) -> dict[str, ModelSlots]:
+        """What this worker holds, per loaded model, as of its last step (for the heartbeat)."""
+        return {model_id: served.slots for model_id, served in self.models.items()}
+
+    def submit(self, model_id: str, message: GenerateRequest) -> None:
+        """Take a generate request: 503 at once when the queue is full, else "queued" and off to be tokenized."""
+        job = Job(model_id, message, time.perf_counter() - max(0.0, time.time() - float(message.get("sent_at", time.time()))))
+        served = self.models[model_id]
+        with self._lock:
+            waiting = served.slots["waiting"] + served.pending
+            if waiting >= self.config.max_waiting:
+                self._emit(job.reply_to, overloaded(job.request_id, waiting))
+                return
+            served.pending += 1
+            self._jobs[job.request_id] = job
+        self._emit(job.reply_to, {"type": "queued", "request_id": job.request_id, "control": self._control, "worker": self.worker_id, "ahead": waiting})
+        self._prepare.submit(self._prepare_job, served, job)
+
+    def tokenize(self, model_id: str, message: TokenizeRequest) -> None:
+        """Answer on the prepare thread: the tokenizer needs no torch, and a long text must not block the event loop."""
+        tokenizer = self.models[model_id].pipeline.loaded.tokenizer
+
+        def answer() -> None:
+            enc = tokenizer.encode(str(message.get("text", "")))
+            self._emit(message["reply_to"], {"type": "tokens", "request_id": message["request_id"], "ids": enc.ids, "tokens": enc.tokens,
+                                             "spans": [list(s) for s in enc.spans]})
+
+        self._prepare.submit(answer)
+
+    def inspect(self, model_id: str, message: InspectRequest) -> None:
+        self._commands.put(("inspect", (model_id, message)))
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request (its client left); it leaves the batch at the next step."""
+        self._commands.put(("cancel", request_id))
+
+    def next_token(self, request_id: str) -> None:
+        """Step mode: let a paused request produce its next token."""
+        self._commands.put(("next", request_id))
+
+    # --- the prepare thread ------------------------------------------------------------------
+
+    def _prepare_job(self, served: Served, job: Job) -> None:
+        msg = job.message
+        try:
+            prepared = served.pipeline.prepare(
+                cast(list[Message], msg["messages"]),
+                params_from_dict(msg["params"]),
+                bool(msg.get("truncate_history")),
+                received_at=job.received_at,
+                fit_max_tokens=bool(msg.get("fit_max_tokens")),
+            )
+            job.level = TraceLevel(msg.get("level", "off"))
+            if msg.get("step") and job.level == TraceLevel.OFF:
+                job.level = TraceLevel.SUMMARY  # step mode shows every token, which only traced levels send
+            request = served.pipeline.sequence_request(prepared, job.request_id, job.level, bool(msg.get("step")))
+        except Exception as exc:  # every failure becomes an error reply, never a dead worker
+            with self._lock:
+                served.pending -= 1
+            self._finish(job, error_reply(job.request_id, exc))
+            return
+        tokenized = event_to_dict(served.pipeline.tokenized(prepared), served.pipeline.loaded.tokenizer) if job.level != TraceLevel.OFF else None
+        self._commands.put(("add", (served, job, request, tokenized)))
+
+    # --- the engine thread -------------------------------------------------------------------
 
     def _main(self) -> None:
         for model_id, load in self._loaders.items():
@@ -93,89 +185,111 @@ class EngineRunner:
             try:
                 pipeline = ChatPipeline(load())
                 _warm_up(pipeline)
+                scheduler = pipeline.scheduler(self.config)
             except Exception as exc:  # a broken model file must not take the other models down
                 log.exception("model %s failed to load", model_id)
                 self.failures[model_id] = str(exc)
             else:
-                self.pipelines[model_id] = pipeline
+                slots: ModelSlots = {"running": 0, "waiting": 0, "max_batch": self.config.max_batch, "max_waiting": self.config.max_waiting, "kv_usage": 0.0}
+                self.models[model_id] = Served(pipeline, scheduler, slots)
             self._on_ready(model_id)
         self._run()
 
-    def submit(self, model_id: str, message: dict[str, Any]) -> None:
-        """Queue a generate (or inspect) request for a loaded model; answer 503 at once when the queue is full."""
-        job = Job(model_id, message, time.perf_counter() - max(0.0, time.time() - float(message.get("sent_at", time.time()))))
-        try:
-            self._inbox.put_nowait(job)
-        except queue.Full:
-            self._emit(job.reply_to, {"type": "error", "request_id": job.request_id, "status": 503, "code": "overloaded",
-                                      "message": "The model is overloaded with requests; retry shortly.", "param": None, "retry_after": 2})
-            return
-        with self._lock:
-            self._jobs[job.request_id] = job
-        self._wake.set()
-        self._emit(job.reply_to, {"type": "queued", "request_id": job.request_id, "control": self._control})
-
-    def cancel(self, request_id: str) -> None:
-        """Stop a request (its client left); it is dropped before its next token."""
-        self._update(request_id, cancelled=True)
-
-    def next_token(self, request_id: str) -> None:
-        """Step mode: let a paused request produce its next token."""
-        self._update(request_id, paused_since=None)
-
-    def _update(self, request_id: str, **changes: Any) -> None:
-        """Change a known job's flags from another thread and wake the engine loop to see them."""
-        with self._lock:
-            job = self._jobs.get(request_id)
-        if job is not None:
-            for name, value in changes.items():
-                setattr(job, name, value)
-            self._wake.set()
-
-    def tokenize(self, model_id: str, message: dict[str, Any]) -> None:
-        """Answer at once, from the calling thread: the tokenizer needs no torch."""
-        enc = self.pipelines[model_id].loaded.tokenizer.encode(str(message.get("text", "")))
-        self._emit(message["reply_to"], {"type": "tokens", "request_id": message["request_id"], "ids": enc.ids, "tokens": enc.tokens, "spans": [list(s) for s in enc.spans]})
-
     def _run(self) -> None:
-        active: list[Job] = []
         while not self._stopping:
-            while len(active) < self._max_active:
-                try:
-                    job = self._inbox.get(block=not active)
-                except queue.Empty:
-                    break
-                if job is None:
-                    break
-                if self._start(job):
-                    active.append(job)
-                else:
-                    self._forget(job)
-            if active and all(job.paused_since is not None and not job.cancelled for job in active):
-                self._wake.wait(1.0)  # every active request waits for its student: sleep, do not spin
-            self._wake.clear()
-            now = time.perf_counter()
-            for job in list(active):
-                if job.paused_since is not None and now - job.paused_since > STEP_IDLE_LIMIT:
-                    job.cancelled = True  # its student left without a word
-                if job.paused_since is not None and not job.cancelled:
-                    continue
-                if not self._advance(job):
-                    active.remove(job)
-                    self._forget(job)
-        for job in active:
-            if job.stream is not None:
-                job.stream.close()
+            busy = any(s.scheduler.has_work for s in self.models.values())
+            self._handle_commands(block=not busy)
+            for model_id, served in self.models.items():
+                if self._stopping:
+                    return
+                if served.scheduler.has_work:
+                    self._step(model_id, served)
+                self._report(model_id, served)
+            self._expire_paused()
 
-    def _forget(self, job: Job) -> None:
+    def _step(self, model_id: str, served: Served) -> None:
+        scheduler = served.scheduler
+        steps = scheduler.steps
+        started = time.perf_counter()
+        try:
+            outputs = scheduler.step()
+        except Exception as exc:  # the batched forward itself failed: every request in it fails, the worker goes on
+            log.exception("a step of %s failed", model_id)
+            for request_id in scheduler.drop_all():
+                job = self._jobs.get(request_id)
+                if job is not None:
+                    metrics.request_success.labels(model_id, "error").inc()
+                    self._finish(job, error_reply(request_id, exc))
+            return
+        self._deliver(model_id, served, outputs)
+        if scheduler.steps != steps and scheduler.last_batch is not None:  # a forward ran
+            metrics.step_seconds.labels(model_id).observe(time.perf_counter() - started)
+            metrics.batch_size.labels(model_id).observe(scheduler.last_batch.batch_size)
+
+    def _handle_commands(self, block: bool) -> None:
+        """Run every queued command; when idle, wait (up to a second, to check step-mode timeouts) for the first."""
+        try:
+            command = self._commands.get(timeout=1.0) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, arg = command
+            if kind == "stop":
+                return
+            try:
+                getattr(self, f"_on_{kind}")(arg)
+            except Exception:  # a bad command must not stop the engine
+                log.exception("engine command %s failed", kind)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _on_add(self, arg: tuple[Served, Job, SequenceRequest, dict[str, Any] | None]) -> None:
+        served, job, request, tokenized = arg
         with self._lock:
-            self._jobs.pop(job.request_id, None)
+            served.pending -= 1
+        if job.cancelled:
+            self._finish(job, {"type": "cancelled", "request_id": job.request_id})
+            return
+        try:
+            served.scheduler.add(request)
+        except QueueFullError as exc:
+            self._finish(job, overloaded(job.request_id, exc.waiting))
+            return
+        except KVBudgetExceededError as exc:
+            self._finish(job, error_reply(job.request_id, exc))
+            return
+        job.in_scheduler = True
+        accepted: Accepted = {"type": "accepted", "request_id": job.request_id, "control": self._control, "worker": self.worker_id,
+                              "prompt_tokens": len(request.prompt_ids), "seed": request.params.seed or 0,
+                              "queued": time.perf_counter() - job.received_at}
+        self._emit(job.reply_to, accepted)
+        if tokenized is not None:
+            self._emit(job.reply_to, {"type": "event", "request_id": job.request_id, "event": tokenized})
+        metrics.prompt_tokens.labels(job.model_id).inc(len(request.prompt_ids))
 
-    def _inspect(self, job: Job) -> None:
+    def _on_cancel(self, request_id: str) -> None:
+        job = self._jobs.get(request_id)
+        if job is None:
+            return
+        if job.in_scheduler:
+            self.models[job.model_id].scheduler.abort(request_id)
+        else:
+            job.cancelled = True  # still being tokenized: dropped when it arrives
+
+    def _on_next(self, request_id: str) -> None:
+        job = self._jobs.get(request_id)
+        if job is not None and job.in_scheduler:
+            job.paused_since = None
+            self.models[job.model_id].scheduler.resume(request_id)
+
+    def _on_inspect(self, arg: tuple[str, InspectRequest]) -> None:
         """Recompute the full-level detail for the last position of the given ids, and reply with it."""
-        pipeline = self.pipelines[job.model_id]
-        ids = job.message.get("ids")
-        config = pipeline.loaded.config
+        model_id, message = arg
+        served = self.models[model_id]
+        ids = message.get("ids")
+        config = served.pipeline.loaded.config
         try:
             if (
                 not isinstance(ids, list)
@@ -183,65 +297,92 @@ class EngineRunner:
                 or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size for i in ids)
             ):
                 raise InvalidRequestError(f"'ids' must be 1 to {config.context_length} token ids below {config.vocab_size}", "ids")
-            detail = pipeline.engine.inspect(ids)
+            detail = served.scheduler.inspect(ids)
         except Exception as exc:
-            self._emit(job.reply_to, error_reply(job.request_id, exc))
+            self._emit(message["reply_to"], error_reply(message["request_id"], exc))
             return
-        reply = {"type": "inspection", "request_id": job.request_id, "detail": detail_to_dict(detail, pipeline.loaded.tokenizer, INSPECT_BUDGET_POSITIONS)}
-        self._emit(job.reply_to, reply)
+        tokenizer = served.pipeline.loaded.tokenizer
+        self._emit(message["reply_to"], {"type": "inspection", "request_id": message["request_id"],
+                                         "detail": detail_to_dict(detail, tokenizer, INSPECT_BUDGET_POSITIONS)})
 
-    def _start(self, job: Job) -> bool:
-        """Validate and tokenize; reply "accepted" or an error. True when the job should run."""
-        if job.cancelled:
-            return False
-        msg = job.message
-        if msg.get("type") == "inspect":
-            self._inspect(job)
-            return False
-        pipeline = self.pipelines[job.model_id]
-        try:
-            prepared = pipeline.prepare(
-                msg["messages"],
-                params_from_dict(msg["params"]),
-                bool(msg.get("truncate_history")),
-                received_at=job.received_at,
-                fit_max_tokens=bool(msg.get("fit_max_tokens")),
-            )
-            level = TraceLevel(msg.get("level", "off"))
-            if msg.get("step") and level == TraceLevel.OFF:
-                level = TraceLevel.SUMMARY  # step mode pauses on "text" events, which only traced levels send for every token
-            job.stream = pipeline.stream(prepared, level)
-        except Exception as exc:  # every failure becomes an error reply, never a dead worker
-            self._emit(job.reply_to, error_reply(job.request_id, exc))
-            return False
-        job.started_at = time.perf_counter()
-        self._emit(job.reply_to, {"type": "accepted", "request_id": job.request_id, "control": self._control,
-                                  "prompt_tokens": len(prepared.prompt.ids), "seed": prepared.params.seed,
-                                  "queued": job.started_at - job.received_at})
-        return True
+    def _deliver(self, model_id: str, served: Served, outputs: list[SequenceOutput]) -> None:
+        """Send each sequence's events, in order; the end of a sequence ends its job."""
+        tokenizer = served.pipeline.loaded.tokenizer
+        for output in outputs:
+            job = self._jobs.get(output.request_id)
+            if job is None:
+                continue
+            try:
+                self._send_events(model_id, job, output, tokenizer)
+            except Exception as exc:  # serializing one request's events failed: that request ends, the rest go on
+                log.exception("delivering %s failed", job.request_id)
+                served.scheduler.abort(job.request_id)
+                self._finish(job, error_reply(job.request_id, exc))
 
-    def _advance(self, job: Job) -> bool:
-        """Send the job's next event; False once it is done, failed or cancelled."""
-        assert job.stream is not None
-        if job.cancelled:
-            job.stream.close()
-            self._emit(job.reply_to, {"type": "cancelled", "request_id": job.request_id})
-            return False
-        try:
-            event = next(job.stream)
-        except StopIteration:
-            return False
-        except Exception as exc:
-            log.exception("generation %s failed", job.request_id)
-            self._emit(job.reply_to, error_reply(job.request_id, exc))
-            return False
-        data = event_to_dict(event, self.pipelines[job.model_id].loaded.tokenizer)
-        if isinstance(event, Finished):
-            data["timings"]["queue"] = job.started_at - job.received_at
-        self._emit(job.reply_to, {"type": "event", "request_id": job.request_id, "event": data})
-        if data["event"] == "text" and job.message.get("step"):
-            job.paused_since = time.perf_counter()
-        return not isinstance(event, Finished)
+    def _send_events(self, model_id: str, job: Job, output: SequenceOutput, tokenizer: BPETokenizer) -> None:
+        for event in output.events:
+            data = event_to_dict(event, tokenizer)
+            self._emit(job.reply_to, {"type": "event", "request_id": job.request_id, "event": data})
+            if data["event"] == "sampled" and job.message.get("step"):
+                job.paused_since = time.perf_counter()
+            elif data["event"] == "finished":
+                _observe_finished(model_id, data)
+        metrics.generation_tokens.labels(model_id).inc(sum(isinstance(e, Sampled) for e in output.events))
+        if output.error is not None:
+            log.error("generation %s failed", job.request_id, exc_info=output.error)
+            metrics.request_success.labels(model_id, "error").inc()
+            self._finish(job, error_reply(job.request_id, output.error))
+        elif output.cancelled:
+            metrics.request_success.labels(model_id, "abort").inc()
+            self._finish(job, {"type": "cancelled", "request_id": job.request_id})
+        elif output.done:
+            self._finish(job, None)
+
+    def _report(self, model_id: str, served: Served) -> None:
+        """Refresh what the heartbeat and the metrics say, and tell waiting pages their place in the queue."""
+        scheduler = served.scheduler
+        stats = scheduler.stats()
+        served.slots = {"running": stats.running, "waiting": stats.waiting, "max_batch": self.config.max_batch,
+                        "max_waiting": self.config.max_waiting, "kv_usage": stats.kv_usage}
+        metrics.num_requests_running.labels(model_id).set(stats.running)
+        metrics.num_requests_waiting.labels(model_id).set(stats.waiting + served.pending)
+        metrics.kv_cache_usage_perc.labels(model_id).set(stats.kv_usage)
+        queried, hit = served.prefix_seen
+        metrics.prefix_cache_queries.labels(model_id).inc(stats.prefix_queried_tokens - queried)
+        metrics.prefix_cache_hits.labels(model_id).inc(stats.prefix_hit_tokens - hit)
+        served.prefix_seen = (stats.prefix_queried_tokens, stats.prefix_hit_tokens)
+        for position, state in enumerate(scheduler.waiting):
+            job = self._jobs.get(state.request_id)
+            if job is not None and job.level != TraceLevel.OFF and job.ahead != position:
+                job.ahead = position
+                self._emit(job.reply_to, {"type": "waiting", "request_id": job.request_id, "ahead": position})
+
+    def _expire_paused(self) -> None:
+        now = time.perf_counter()
+        for job in list(self._jobs.values()):
+            if job.paused_since is not None and now - job.paused_since > STEP_IDLE_LIMIT:
+                job.paused_since = None
+                self._on_cancel(job.request_id)  # its student left without a word
+
+    def _finish(self, job: Job, reply: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            self._jobs.pop(job.request_id, None)
+        if reply is not None:
+            self._emit(job.reply_to, reply)
+
+
+def _observe_finished(model_id: str, finished: dict[str, Any]) -> None:
+    t = finished["timings"]
+    metrics.request_success.labels(model_id, finished["finish_reason"]).inc()
+    metrics.time_to_first_token.labels(model_id).observe(t["ttft"])
+    metrics.e2e_request_latency.labels(model_id).observe(t["total"])
+    metrics.request_queue_time.labels(model_id).observe(t["queue"])
+    metrics.request_prefill_time.labels(model_id).observe(t["prefill"])
+    metrics.request_decode_time.labels(model_id).observe(t["decode"])
+    itl = metrics.inter_token_latency.labels(model_id)
+    times = t["token_times"]
+    for a, b in zip(times, times[1:]):
+        itl.observe(b - a)
 
 
 def _warm_up(pipeline: ChatPipeline) -> None:

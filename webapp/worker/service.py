@@ -1,40 +1,55 @@
-"""The inference worker's event-loop side: load the models, consume their work channels, send replies.
+"""The inference worker's event-loop side: load the models, consume work, send replies, beat.
 
 The same `serve` runs inside Daphne (in-memory layer, the default) or as its own process
-(`manage.py runinferenceworker`, with Redis). Replies from the engine threads pass
-through one outbox task, so each request's messages reach the channel layer in order.
+(`manage.py runinferenceworker`, with Redis), as many of them as there are machines or
+GPUs. Each worker consumes its own inbox (the channel its heartbeat names, where the
+gateway sends it work) and the shared work channel of every model it holds; it beats
+every second so the web side can route to it and notices within seconds when it dies.
+Replies from the engine thread pass through one outbox task, so each request's messages
+reach the channel layer in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable
+import os
+import socket
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable, Mapping
 
+from asgiref.sync import sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
-from django.core.cache import cache
 
 from inference.loader import LoadedModel, load_model
 from inference.progress import LoadProgress, ProgressCallback, terminal_progress
+from inference.scheduler import SchedulerConfig
 from webapp.gateway.routing import ModelRoute, configured_models
+from webapp.worker import registry
+from webapp.worker.protocol import WorkerStatus
 from webapp.worker.runner import EngineRunner
 
 log = logging.getLogger("roundtrip.worker")
-STATUS_KEY = "rt:model-status:{}"
 
 
-def model_status(model_id: str) -> dict[str, Any]:
-    """The latest load progress a worker published for `model_id` (for health checks and the page)."""
-    status: dict[str, Any] = cache.get(STATUS_KEY.format(model_id)) or {"state": "not started"}
-    return status
+def scheduler_config() -> SchedulerConfig:
+    """The engine's limits, from settings."""
+    return SchedulerConfig(
+        max_batch=settings.ROUNDTRIP_MAX_BATCH,
+        max_waiting=settings.ROUNDTRIP_MAX_QUEUED,
+        kv_budget_bytes=settings.ROUNDTRIP_KV_CACHE_BYTES,
+        prefill_chunk=settings.ROUNDTRIP_PREFILL_CHUNK,
+        prefix_cache_bytes=settings.ROUNDTRIP_PREFIX_CACHE_BYTES,
+    )
 
 
 def _publisher(model_id: str, terminal: ProgressCallback | None) -> ProgressCallback:
     def publish(p: LoadProgress) -> None:
         state = "ready" if p.stage == "building" and p.fraction == 1.0 else "loading"
-        cache.set(STATUS_KEY.format(model_id), {"state": state, "stage": p.stage, "done": p.done, "total": p.total, "detail": p.detail}, None)
+        registry.publish_load(model_id, {"state": state, "stage": p.stage, "done": p.done, "total": p.total, "detail": p.detail})
         if terminal is not None:
             terminal(p)
 
@@ -50,9 +65,9 @@ class Outbox:
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.runner: EngineRunner | None = None
 
-    def emit(self, channel: str, message: dict[str, Any]) -> None:
+    def emit(self, channel: str, message: Mapping[str, Any]) -> None:
         """Thread-safe: called from engine threads."""
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (channel, message))
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (channel, dict(message)))
 
     async def run(self) -> None:
         while True:
@@ -69,13 +84,14 @@ class Outbox:
 
 
 async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = True) -> None:
-    """Load the models (on the engine thread), then answer their work channels until cancelled."""
+    """Load the models (on the engine thread), then answer work until cancelled, beating all along."""
     layer = get_channel_layer()
     assert layer is not None, "CHANNEL_LAYERS is not configured"
     loop = asyncio.get_running_loop()
     routes = routes or configured_models()
     outbox = Outbox(layer, loop)
-    control = await layer.new_channel("inference-control.")
+    inbox = await layer.new_channel("inference-worker.")
+    worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     ready = {route.id: asyncio.Event() for route in routes}
 
     def loader(route: ModelRoute) -> Callable[[], LoadedModel]:
@@ -85,7 +101,7 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
             try:
                 loaded = load_model(route.path or None, progress=progress)
             except Exception as exc:
-                cache.set(STATUS_KEY.format(route.id), {"state": "failed", "detail": str(exc)}, None)
+                registry.publish_load(route.id, {"state": "failed", "detail": str(exc)})
                 raise
             log.info("model %s ready: %s on %s in %.2fs", route.id, loaded.path, loaded.device, loaded.load_seconds)
             return loaded
@@ -95,23 +111,33 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     def on_ready(model_id: str) -> None:
         loop.call_soon_threadsafe(ready[model_id].set)
 
-    runner = EngineRunner(
-        {route.id: loader(route) for route in routes},
-        on_ready,
-        outbox.emit,
-        control,
-        settings.ROUNDTRIP_MAX_ACTIVE_STREAMS,
-        settings.ROUNDTRIP_MAX_QUEUED,
-    )
+    runner = EngineRunner({route.id: loader(route) for route in routes}, on_ready, outbox.emit, inbox, scheduler_config(), worker_id)
     outbox.runner = runner
-    tasks = [asyncio.create_task(outbox.run()), asyncio.create_task(_consume_control(layer, control, runner))]
-    tasks += [asyncio.create_task(_consume_work(layer, route, runner, ready[route.id])) for route in routes]
+    tasks = [
+        asyncio.create_task(outbox.run()),
+        asyncio.create_task(_heartbeat(worker_id, inbox, runner)),
+        asyncio.create_task(_consume(layer, inbox, None, runner, ready)),
+    ]
+    tasks += [asyncio.create_task(_consume(layer, route.work_channel, route.id, runner, ready)) for route in routes]
     try:
         await asyncio.gather(*tasks)
     finally:
         for task in tasks:
             task.cancel()
+        await sync_to_async(registry.leave)(worker_id)
         await loop.run_in_executor(None, runner.stop)
+
+
+async def _heartbeat(worker_id: str, inbox: str, runner: EngineRunner) -> None:
+    """Tell the web side, every second, that this worker is alive and what it holds (from its first second)."""
+    while True:
+        status: WorkerStatus = {"worker": worker_id, "channel": inbox, "host": socket.gethostname(), "pid": os.getpid(),
+                                "t": time.time(), "models": runner.slots()}
+        try:
+            await sync_to_async(registry.beat, thread_sensitive=False)(status)
+        except Exception:  # the cache is down: keep trying, the web side will call this worker dead meanwhile
+            log.exception("heartbeat failed")
+        await asyncio.sleep(registry.HEARTBEAT_SECONDS)
 
 
 async def _messages(layer: BaseChannelLayer, channel: str) -> AsyncIterator[dict[str, Any]]:
@@ -128,28 +154,55 @@ async def _messages(layer: BaseChannelLayer, channel: str) -> AsyncIterator[dict
         yield message
 
 
-async def _consume_work(layer: BaseChannelLayer, route: ModelRoute, runner: EngineRunner, ready: asyncio.Event) -> None:
-    """Requests wait in the channel until the model is loaded, then go to the engine thread."""
-    await ready.wait()
-    async for message in _messages(layer, route.work_channel):
-        try:
-            if route.id in runner.failures:
-                reason = f"The model {route.id!r} could not be loaded: {runner.failures[route.id]}"
-                await layer.send(message["reply_to"], {"type": "error", "request_id": message.get("request_id"), "status": 503,
-                                                       "code": "model_unavailable", "message": reason, "param": None})
-            elif message.get("type") in ("generate", "inspect"):
-                runner.submit(route.id, message)
-            elif message.get("type") == "tokenize":
-                runner.tokenize(route.id, message)
-            else:
-                log.warning("ignoring message of type %r on %s", message.get("type"), route.work_channel)
-        except Exception:  # a malformed message must not stop the worker
-            log.exception("bad message on %s", route.work_channel)
-
-
-async def _consume_control(layer: BaseChannelLayer, channel: str, runner: EngineRunner) -> None:
+async def _consume(layer: BaseChannelLayer, channel: str, model_id: str | None, runner: EngineRunner, ready: dict[str, asyncio.Event]) -> None:
+    """Work for a model waits in its shared channel until the model is loaded; the worker's inbox takes any of its models."""
+    if model_id is not None:
+        await ready[model_id].wait()
+    waiting: set[asyncio.Task[None]] = set()
     async for message in _messages(layer, channel):
-        if message.get("type") == "cancel":
-            runner.cancel(str(message.get("request_id", "")))
-        elif message.get("type") == "next":
-            runner.next_token(str(message.get("request_id", "")))
+        target = model_id or str(message.get("model", ""))
+        if target in ready and not ready[target].is_set():  # the inbox must keep taking cancels while a model loads
+            task = asyncio.create_task(_dispatch_when_ready(layer, message, target, runner, ready[target]))
+            waiting.add(task)
+            task.add_done_callback(waiting.discard)
+            continue
+        await _dispatch(layer, message, target, runner, target in ready)
+
+
+async def _dispatch_when_ready(layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, ready: asyncio.Event) -> None:
+    await ready.wait()
+    await _dispatch(layer, message, model_id, runner, True)
+
+
+async def _dispatch(layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool) -> None:
+    """Hand one message to the runner; a malformed one is logged, never fatal."""
+    try:
+        await _route(layer, message, model_id, runner, held)
+    except Exception:
+        log.exception("bad message for %s", model_id)
+
+
+async def _route(layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool) -> None:
+    kind = message.get("type")
+    if kind == "cancel":
+        runner.cancel(str(message.get("request_id", "")))
+        return
+    if kind == "next":
+        runner.next_token(str(message.get("request_id", "")))
+        return
+    if not held:
+        await layer.send(message["reply_to"], {"type": "error", "request_id": message.get("request_id"), "status": 404,
+                                               "code": "model_not_found", "message": f"This worker does not hold {model_id!r}.", "param": "model"})
+        return
+    if model_id in runner.failures:
+        reason = f"The model {model_id!r} could not be loaded: {runner.failures[model_id]}"
+        await layer.send(message["reply_to"], {"type": "error", "request_id": message.get("request_id"), "status": 503,
+                                               "code": "model_unavailable", "message": reason, "param": None})
+    elif kind == "generate":
+        runner.submit(model_id, message)  # type: ignore[arg-type]
+    elif kind == "tokenize":
+        runner.tokenize(model_id, message)  # type: ignore[arg-type]
+    elif kind == "inspect":
+        runner.inspect(model_id, message)  # type: ignore[arg-type]
+    else:
+        log.warning("ignoring message of type %r for %s", kind, model_id)

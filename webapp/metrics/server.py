@@ -1,0 +1,35 @@
+"""A worker process's own metrics endpoint (`runinferenceworker --metrics-port`), with the same access rule as `/metrics`.
+
+A worker of its own has no web server; Prometheus scrapes it here, beside each web
+process's `/metrics` (see the README on scraping).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import make_wsgi_app
+
+from webapp.metrics.access import allowed
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds: not worth a log line
+        pass
+
+
+def start(host: str, port: int, token: str) -> WSGIServer:
+    """Serve the process's metrics on host:port from a daemon thread; returns the server (its port is the real one)."""
+    metrics_app = make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR"), token):
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [b"metrics need a valid bearer token or a loopback address\n"]
+        return metrics_app(environ, start_response)
+
+    server = make_server(host, port, app, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="roundtrip-metrics", daemon=True).start()
+    return server

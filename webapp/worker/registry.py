@@ -1,0 +1,83 @@
+"""Which inference workers are alive, what they hold, and which one should take the next request.
+
+Workers beat every `HEARTBEAT_SECONDS` into the Django cache (Redis when scaled out, so
+every web process sees every worker; local memory in the embedded default, where the
+worker lives in the web process). A worker whose beat is older than `HEARTBEAT_TTL`
+is gone: the web side fails its in-flight requests and routes around it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from django.core.cache import cache
+
+from webapp.worker.protocol import ModelLoad, WorkerStatus
+
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_TTL = 3  # seconds without a beat after which a worker counts as dead
+_INDEX = "rt:workers"
+_WORKER = "rt:worker:{}"
+_LOAD = "rt:model-status:{}"
+
+# Requests this web process has sent to each worker and not yet seen finish: beats are up to a
+# second old, so a burst of requests would otherwise all go to the worker that looked idlest.
+in_flight: Counter[str] = Counter()
+
+
+def beat(status: WorkerStatus) -> None:
+    """Publish a worker's heartbeat (and make sure the index lists it)."""
+    cache.set(_WORKER.format(status["worker"]), status, HEARTBEAT_TTL)
+    ids: list[str] = cache.get(_INDEX) or []
+    alive = [w for w in ids if w != status["worker"] and cache.get(_WORKER.format(w)) is not None]
+    if alive + [status["worker"]] != ids:
+        cache.set(_INDEX, alive + [status["worker"]], None)
+
+
+def leave(worker: str) -> None:
+    """A worker stopping cleanly says so, instead of letting its beat expire."""
+    cache.delete(_WORKER.format(worker))
+
+
+def is_alive(worker: str) -> bool:
+    return cache.get(_WORKER.format(worker)) is not None
+
+
+def live_workers(model_id: str | None = None) -> list[WorkerStatus]:
+    """Every worker whose beat is fresh (holding `model_id`, when given)."""
+    ids: list[str] = cache.get(_INDEX) or []
+    found = cache.get_many([_WORKER.format(w) for w in ids])
+    return [s for s in found.values() if model_id is None or model_id in s["models"]]
+
+
+def pick(model_id: str) -> WorkerStatus | None:
+    """The live worker with the most room for `model_id` (ties broken at random); None when none is alive."""
+    workers = live_workers(model_id)
+    if not workers:
+        return None
+
+    def load(status: WorkerStatus) -> float:
+        slots = status["models"][model_id]
+        busy = max(slots["running"] + slots["waiting"], in_flight[status["worker"]])
+        return busy / max(1, slots["max_batch"])
+
+    best = min(load(w) for w in workers)
+    return random.choice([w for w in workers if load(w) == best])
+
+
+def full(status: WorkerStatus, model_id: str) -> bool:
+    slots = status["models"][model_id]
+    return slots["running"] >= slots["max_batch"] and slots["waiting"] >= slots["max_waiting"]
+
+
+def publish_load(model_id: str, load: ModelLoad) -> None:
+    cache.set(_LOAD.format(model_id), load, None)
+
+
+def model_load(model_id: str) -> ModelLoad:
+    """The latest load progress a worker published for `model_id`, and whether a live worker holds it."""
+    load: ModelLoad = cache.get(_LOAD.format(model_id)) or ModelLoad(state="not started")
+    if load["state"] == "ready" and not live_workers(model_id):
+        return {"state": "unavailable", "detail": f"no inference worker holding {model_id} has reported in the last {HEARTBEAT_TTL} s"}
+    return load
