@@ -56,6 +56,7 @@ class AttentionGroup:
     dst: slice | None = None
     keep: Tensor | None = None
     dst_index: Tensor | None = None
+    in_order: bool = False  # rows are tokens 0..b*t-1 in order (a pure decode step): no gather, no scatter
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,9 @@ def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device) -> Attent
     mask = (torch.arange(kv_len)[None, :] <= last[:, None])[:, None, None, :]  # [b, 1, 1, kv_len]
     keep = torch.tensor([c.slot - lo for _, c in rows])
     dst_index = torch.tensor([token for token, _ in rows])
-    return AttentionGroup(lo, hi, kv_len, q_index.to(device), mask.to(device), keep=keep.to(device), dst_index=dst_index.to(device))
+    in_order = lo == 0 and hi == len(rows) and all(token == c.slot for token, c in rows)
+    return AttentionGroup(lo, hi, kv_len, q_index.to(device), mask.to(device), keep=keep.to(device), dst_index=dst_index.to(device),
+                          in_order=in_order)
 
 
 def _chunk_group(offset: int, chunk: Chunk, device: torch.device) -> AttentionGroup:

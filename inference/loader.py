@@ -44,16 +44,44 @@ def default_model_path() -> str:
     return str(dist.locate_file(DEFAULT_MODEL_FILE))
 
 
-def pick_device(requested: str | None = None) -> tuple[torch.device, torch.dtype]:
-    """CUDA in bfloat16 when present, else CPU in float32; `ROUNDTRIP_DEVICE`/`ROUNDTRIP_DTYPE` override."""
+def pick_device(requested: str | None = None, config: ModelConfig | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA in bfloat16 when present; on the CPU whichever of float32 and bfloat16 this CPU multiplies faster
+    (measured, see `fastest_cpu_dtype`). `ROUNDTRIP_DEVICE` and `ROUNDTRIP_DTYPE` (float32, bfloat16, auto) override."""
     name = requested or os.environ.get("ROUNDTRIP_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
-    default = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype_name = os.environ.get("ROUNDTRIP_DTYPE")
-    dtype = getattr(torch, dtype_name) if dtype_name else default
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"ROUNDTRIP_DTYPE={dtype_name!r} is not a torch dtype")
+    dtype_name = os.environ.get("ROUNDTRIP_DTYPE") or "auto"
+    if dtype_name == "auto":
+        if device.type == "cuda":
+            return device, torch.bfloat16
+        return device, fastest_cpu_dtype(config.dim if config else 576, config.ffn_dim if config else 1536)
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"ROUNDTRIP_DTYPE={dtype_name!r} is not a floating-point torch dtype (float32, bfloat16) or auto")
     return device, dtype
+
+
+def fastest_cpu_dtype(dim: int, ffn_dim: int, rows: tuple[int, ...] = (1, 16)) -> torch.dtype:
+    """float32 or bfloat16, whichever multiplies a decode-sized batch by a layer's weights faster on this CPU.
+
+    Which wins depends on the CPU (AVX512-BF16 or AMX make bfloat16 fast; without them it is
+    emulated and slow), so it is measured, not assumed: a few milliseconds at load time.
+    """
+    timings: dict[torch.dtype, float] = {}
+    weights = [torch.randn(ffn_dim, dim) for _ in range(8)]  # bigger than the caches, as real weights are
+    for dtype in (torch.float32, torch.bfloat16):
+        cast = [w.to(dtype) for w in weights]
+        total = 0.0
+        for n in rows:
+            x = torch.randn(n, dim, dtype=dtype)
+            for w in cast:  # warm-up: kernel selection and first touches
+                torch.nn.functional.linear(x, w)
+            started = time.perf_counter()
+            for _ in range(3):
+                for w in cast:
+                    torch.nn.functional.linear(x, w)
+            total += time.perf_counter() - started
+        timings[dtype] = total
+    return min(timings, key=lambda d: timings[d])
 
 
 @dataclass
@@ -112,7 +140,7 @@ def load_model(
         path=path,
     )
     report(LoadProgress("building", 1, 2, "transformer"))
-    target_device, dtype = pick_device(device)
+    target_device, dtype = pick_device(device, config)
     model = _build_transformer(config, weights, path, target_device, dtype)
     report(LoadProgress("building", 2, 2, "ready"))
     return LoadedModel(
@@ -174,4 +202,6 @@ def _build_transformer(
     model.load_state_dict({k: state[k] for k in expected}, assign=True)
     if "output.weight" not in weights:
         model.output.weight = model.token_embd.weight
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.fuse_projections()
+    return model

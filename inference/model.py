@@ -39,9 +39,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        """x / rms(x) * weight, in one fused op (which accumulates in float32 for bfloat16 inputs)."""
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_frequencies(config: ModelConfig, device: torch.device) -> Tensor:
@@ -84,6 +83,14 @@ class Block(nn.Module):
         self.ffn_gate = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.ffn_up = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.ffn_down = nn.Linear(c.ffn_dim, c.dim, bias=False)
+        self.qkv_weight: Tensor  # set by fuse_projections
+        self.gate_up_weight: Tensor
+
+    def fuse_projections(self) -> None:
+        """One matmul for Q, K and V and one for gate and up, instead of five: the separate weights become views
+        of the fused ones, so the checkpoint's names (and state_dict) stay as they are and no memory is doubled."""
+        self.qkv_weight = _fuse(self.attn_q, self.attn_k, self.attn_v)
+        self.gate_up_weight = _fuse(self.ffn_gate, self.ffn_up)
 
     def forward(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
         h = x + self.attention(self.attn_norm(x), plan, cache, layer, probes)
@@ -93,10 +100,9 @@ class Block(nn.Module):
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
         N = x.shape[0]
-        q = self.attn_q(x).view(N, c.n_heads, c.head_dim)  # [N, H, hd]
-        k = self.attn_k(x).view(N, c.n_kv_heads, c.head_dim)  # [N, KV, hd]
-        v = self.attn_v(x).view(N, c.n_kv_heads, c.head_dim)  # [N, KV, hd]
-        q, k = apply_rope(q, plan.freqs), apply_rope(k, plan.freqs)
+        qkv = F.linear(x, self.qkv_weight).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
+        qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs)  # [N, H + KV, hd]: one rotation for both
+        q, k, v = qk[:, : c.n_heads], qk[:, c.n_heads :], qkv[:, c.n_heads + c.n_kv_heads :]  # [N, H | KV | KV, hd]
         cache.write(layer, plan.token_slots, plan.token_positions, k, v)
         for token, probe in probes.items():
             keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, int(plan.token_positions[token]) + 1)
@@ -108,7 +114,18 @@ class Block(nn.Module):
 
     def feed_forward(self, x: Tensor) -> Tensor:
         """SwiGLU: down(silu(gate(x)) * up(x))."""
-        return self.ffn_down(F.silu(self.ffn_gate(x)) * self.ffn_up(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)  # [N, ffn] each
+        return self.ffn_down(F.silu(gate) * up)
+
+
+def _fuse(*linears: nn.Linear) -> Tensor:
+    fused = torch.cat([m.weight.detach() for m in linears])  # [sum of outputs, in]
+    start = 0
+    for m in linears:
+        rows = m.weight.shape[0]
+        m.weight = nn.Parameter(fused[start : start + rows], requires_grad=False)
+        start += rows
+    return fused
 
 
 def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:
@@ -116,7 +133,7 @@ def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, ou
     keys, values = cache.view(layer, g.lo, g.hi, g.kv_len)  # [b, KV, S, hd]
     b, t = g.q_index.shape
     n_kv, hd = keys.shape[1], keys.shape[3]
-    qg = q[g.q_index]  # [b, t, H, hd]
+    qg = q[: b * t].view(b, t, *q.shape[1:]) if g.in_order else q[g.q_index]  # [b, t, H, hd]
     if t == 1:
         # Decode rows: fold each KV head's query heads into rows, so every cached key is read once.
         folded = qg.view(b, n_kv, group_size, hd)  # [b, KV, group, hd]
@@ -126,7 +143,9 @@ def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, ou
             qg.transpose(1, 2), keys, values, attn_mask=g.mask, is_causal=g.mask is None, enable_gqa=True
         )  # [b, H, t, hd]
         y = y.transpose(1, 2).reshape(b * t, n_kv * group_size, hd)  # [b * t, H, hd]
-    if g.dst is not None:
+    if g.in_order:
+        out[: b * t] = y
+    elif g.dst is not None:
         out[g.dst] = y
     else:
         assert g.keep is not None and g.dst_index is not None
@@ -143,6 +162,11 @@ class Transformer(nn.Module):
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         # A plain attribute, not a buffer: Module.to(dtype) would cast the complex rotations to real.
         self.freqs_cis = rope_frequencies(config, torch.device("cpu"))
+
+    def fuse_projections(self) -> None:
+        """See `Block.fuse_projections`; the loader calls it once the weights are in place."""
+        for block in self.blk:
+            block.fuse_projections()
 
     def new_cache(self, slots: int, capacity: int) -> SlotCache:
         weight = self.token_embd.weight

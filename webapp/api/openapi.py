@@ -50,6 +50,7 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
             "stream": {"type": "boolean"},
             "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
             "user": {"type": "string"},
+            "ignore_eos": {"type": "boolean", "default": False, "description": "Keep generating past end-of-turn tokens (fixed output lengths for benchmarks)."},
         },
     }
     return {

@@ -15,7 +15,7 @@ from webapp.gateway.errors import GatewayError, bad_request
 KNOWN_FIELDS = {
     "model", "messages", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
     "max_completion_tokens", "stop", "seed", "n", "presence_penalty", "frequency_penalty", "logprobs",
-    "top_logprobs", "stream", "stream_options", "user",
+    "top_logprobs", "stream", "stream_options", "user", "ignore_eos",
 }
 ROLES = ("system", "user", "assistant", "developer")
 
@@ -161,6 +161,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         max_tokens=max_tokens or settings.ROUNDTRIP_DEFAULT_MAX_TOKENS,
         stop=tuple(stop or ()),
         top_logprobs=top_logprobs or 0,
+        ignore_eos=_boolean(body, "ignore_eos"),  # an extension (as in vLLM and llama.cpp): fixed output lengths for benchmarks
     )
     try:
         params.validate()

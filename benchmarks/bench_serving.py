@@ -1,0 +1,253 @@
+"""Many streams at once: Roundtrip's server beside llama.cpp's llama-server, same GGUF, same client, same run.
+
+    python benchmarks/bench_serving.py [--levels 1,2,4,8,16,32] [--max-tokens 128] [--rounds 2]
+
+Starts `manage.py serve` (a fresh SQLite file, an unlimited API key), drives it over HTTP
+with N concurrent streaming clients per level (each sends `--rounds` requests one after
+another; distinct prompts; greedy; `ignore_eos` so every answer is exactly `--max-tokens`
+tokens), stops it, then does the same against llama-server (`--parallel` = the highest
+level) built by ../shared/tools/llamacpp-reference. Loopback only. Per level it prints
+aggregate output tokens/s, time to first token and inter-token latency (p50, p99), all
+measured on the client with time.perf_counter, and checks the bars of the batching issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from contextlib import contextmanager
+from typing import Iterator
+
+import httpx2 as httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMACPP = Path.home() / ".cache" / "llamacpp-reference"
+TOPICS = ["a lighthouse keeper", "the first moon landing", "a clockmaker's apprentice", "a city under the sea", "an old violin",
+          "a desert caravan", "a robot learning to paint", "the last library", "a storm at sea", "a mountain village",
+          "a time traveller's diary", "a garden on Mars", "a lost dog finding home", "the invention of paper", "a night train",
+          "a chess tournament"]
+
+
+@dataclass
+class Result:
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str = ""
+
+
+@dataclass
+class Level:
+    streams: int
+    results: list[Result]
+    seconds: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.results)
+
+    def stat(self, values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else (values[0] if values else float("nan"))
+
+    def row(self) -> dict[str, float]:
+        ttfts = [r.ttft for r in self.results if r.ttft is not None]
+        gaps = [g for r in self.results for g in r.gaps]
+        return {"streams": self.streams, "requests": len(self.results), "errors": sum(bool(r.error) for r in self.results),
+                "tok_s": self.tokens / self.seconds, "ttft_p50": self.stat(ttfts, 50), "ttft_p99": self.stat(ttfts, 99),
+                "itl_p50": self.stat(gaps, 50), "itl_p99": self.stat(gaps, 99)}
+
+
+async def one_request(client: httpx.AsyncClient, url: str, key: str, model: str, prompt: str, max_tokens: int) -> Result:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    result = Result()
+    started = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    result.tokens = chunk["usage"]["completion_tokens"]
+                if "error" in chunk:
+                    result.error = chunk["error"].get("code") or "error"
+                for choice in chunk.get("choices", []):
+                    if choice["delta"].get("content"):
+                        now = time.perf_counter()
+                        if last is None:
+                            result.ttft = now - started
+                        else:
+                            result.gaps.append(now - last)
+                        last = now
+    except httpx.HTTPError as exc:
+        result.error = type(exc).__name__
+    return result
+
+
+async def run_level(url: str, key: str, model: str, streams: int, rounds: int, max_tokens: int, offset: int) -> Level:
+    prompts = iter(f"Request {offset + i}: write a long, detailed story about {TOPICS[(offset + i) % len(TOPICS)]}." for i in range(streams * rounds))
+    results: list[Result] = []
+    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def stream_client() -> None:
+            for _ in range(rounds):
+                results.append(await one_request(client, url, key, model, next(prompts), max_tokens))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(stream_client() for _ in range(streams)))
+    return Level(streams, results, time.perf_counter() - started)
+
+
+def sweep(name: str, url: str, key: str, model: str, levels: list[int], rounds: int, max_tokens: int) -> list[Level]:
+    asyncio.run(run_level(url, key, model, 1, 1, 8, 10_000))  # warm-up, not counted
+    out = []
+    for i, streams in enumerate(levels):
+        level = asyncio.run(run_level(url, key, model, streams, rounds, max_tokens, offset=1000 * i))
+        out.append(level)
+        r = level.row()
+        print(f"  {name:<12} {streams:>3} streams: {r['tok_s']:7.1f} tok/s, TTFT p50 {r['ttft_p50'] * 1000:7.0f} ms, "
+              f"ITL p50 {r['itl_p50'] * 1000:6.1f} ms p99 {r['itl_p99'] * 1000:6.1f} ms, errors {r['errors']}", file=sys.stderr, flush=True)
+    return out
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} did not get ready:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def roundtrip_server(workdir: Path, levels: list[int], model_path: str) -> Iterator[tuple[str, str] | None]:
+    env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"), "ROUNDTRIP_DEBUG": "0", "ROUNDTRIP_SECRET_KEY": "bench",
+           "ROUNDTRIP_MAX_BATCH": str(max(levels)), "PYTHONUNBUFFERED": "1"}
+    if model_path:
+        env["ROUNDTRIP_MODEL_PATH"] = model_path
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
+    key = subprocess.run([python, "manage.py", "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0"], cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout.strip()
+    port = free_port()
+    log = workdir / "roundtrip.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(f"http://127.0.0.1:{port}", process, log)
+        yield f"http://127.0.0.1:{port}/v1", key
+    finally:
+        stop(process)
+
+
+@contextmanager
+def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int) -> Iterator[tuple[str, str] | None]:
+    binary = LLAMACPP / "bin" / "llama-server"
+    if not binary.exists():
+        print(f"llama-server not found at {binary}: run ../shared/tools/llamacpp-reference", file=sys.stderr)
+        yield None
+        return
+    port = free_port()
+    log = workdir / "llama-server.log"
+    parallel = max(levels)
+    command = [str(binary), "-m", model_path, "-t", str(threads), "--parallel", str(parallel), "-c", str(parallel * 512), "--port", str(port), "--host", "127.0.0.1"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env={**os.environ, "LD_LIBRARY_PATH": str(LLAMACPP / "lib")}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(f"http://127.0.0.1:{port}", process, log)
+        yield f"http://127.0.0.1:{port}/v1", "none"
+    finally:
+        stop(process)
+
+
+def default_model() -> str:
+    sys.path.insert(0, str(ROOT))
+    from inference.loader import default_model_path
+
+    return default_model_path()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="1,2,4,8,16,32", help="concurrent streams, comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2, help="requests each stream sends, one after another")
+    parser.add_argument("--model", default="", help="GGUF file (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--skip-llamacpp", action="store_true")
+    parser.add_argument("--output", help="write the table as JSON here")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    model_path = args.model or default_model()
+    threads = os.cpu_count() or 2
+    table: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="roundtrip-bench-") as tmp:
+        workdir = Path(tmp)
+        with roundtrip_server(workdir, levels, args.model) as target:
+            if target is not None:
+                table["roundtrip"] = [lv.row() for lv in sweep("roundtrip", *target, "smollm2", levels, args.rounds, args.max_tokens)]
+        if not args.skip_llamacpp:
+            with llama_server(workdir, levels, model_path, threads) as target:
+                if target is not None:
+                    table["llama-server"] = [lv.row() for lv in sweep("llama-server", *target, "default", levels, args.rounds, args.max_tokens)]
+    report(table, levels, args.max_tokens, model_path, threads)
+    if args.output:
+        Path(args.output).write_text(json.dumps(table, indent=2))
+
+
+def report(table: dict[str, list[dict[str, float]]], levels: list[int], max_tokens: int, model_path: str, threads: int) -> None:
+    print(f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {threads} CPU threads; client on the same machine")
+    header = f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
+    print(header)
+    for name, rows in table.items():
+        for r in rows:
+            print(f"{name:<14}{r['streams']:>8}{r['requests']:>9}{r['tok_s']:>9.1f}{r['ttft_p50'] * 1000:>8.0f}ms{r['ttft_p99'] * 1000:>8.0f}ms"
+                  f"{r['itl_p50'] * 1000:>7.1f}ms{r['itl_p99'] * 1000:>7.1f}ms{r['errors']:>7}")
+    ours = {r["streams"]: r for r in table.get("roundtrip", [])}
+    theirs = {r["streams"]: r for r in table.get("llama-server", [])}
+    if 1 in ours and 8 in ours:
+        ratio = ours[8]["tok_s"] / ours[1]["tok_s"]
+        print(f"\naggregate at 8 streams / single stream: {ratio:.2f}x (bar: >= 3)")
+        itl = ours[8]["itl_p99"] / ours[1]["itl_p50"]
+        print(f"ITL p99 at 8 streams / single-stream ITL p50: {itl:.2f}x (bar: <= 2)")
+    if 16 in ours and 16 in theirs:
+        print(f"aggregate at 16 streams, roundtrip / llama-server: {ours[16]['tok_s'] / theirs[16]['tok_s']:.2f}x (bar: >= 2)")
+
+
+if __name__ == "__main__":
+    main()
