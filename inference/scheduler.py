@@ -37,7 +37,7 @@ GIB = 1024**3
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch: int = 32  # sequences in one forward
-    max_waiting: int = 64  # requests queued for a slot; beyond that `add` refuses
+    max_waiting: int = 64  # requests queued while every slot is taken; beyond that `add` refuses
     kv_budget_bytes: int = 2 * GIB  # the running sequences' KV cache may not grow past this
     prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
     prefix_cache_bytes: int = GIB // 2  # 0 turns the prefix cache off
@@ -116,8 +116,9 @@ class Scheduler:
         """Queue a request; QueueFullError when the queue is full, KVBudgetExceededError when it could never fit."""
         if request.request_id in self._known:
             raise InvalidRequestError(f"request {request.request_id!r} is already running")
-        if len(self.waiting) >= self.config.max_waiting:
-            raise QueueFullError(len(self.waiting))
+        queued = len(self.waiting) - (self.config.max_batch - len(self.running))  # beyond the free slots, they wait
+        if queued >= self.config.max_waiting:
+            raise QueueFullError(queued)
         state = SequenceState(request, self.model.config.vocab_size, self.stop_ids, self.token_bytes)
         if self._bytes(1, round_capacity(state.reserve)) > self.config.kv_budget_bytes:
             raise KVBudgetExceededError(state.reserve, self.config.kv_budget_bytes // self.cache.bytes_per_position)

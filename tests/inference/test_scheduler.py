@@ -171,10 +171,10 @@ def test_work_beyond_the_kv_budget_waits_in_the_queue(tiny_model: LoadedModel) -
 
 def test_a_full_queue_refuses_at_once(tiny_model: LoadedModel) -> None:
     scheduler = _scheduler(tiny_model, max_batch=1, max_waiting=2)
-    for i in range(2):
+    for i in range(3):  # one for the free slot, two for the queue
         scheduler.add(_request(f"q{i}", PROMPTS[i]))
     with pytest.raises(QueueFullError):
-        scheduler.add(_request("q2", PROMPTS[2]))
+        scheduler.add(_request("q3", PROMPTS[3]))
 
 
 def test_an_exception_in_one_sequence_fails_only_that_request(tiny_model: LoadedModel) -> None:

@@ -27,8 +27,11 @@ class Replies:
         self.sent_at: dict[int, float] = {}  # id(message) -> when the runner emitted it
 
     def emit(self, channel: str, message: dict[str, Any]) -> None:
-        self.sent_at[id(message)] = time.perf_counter()
-        self.inbox.put((channel, message))
+        """Each trace event as its own {"type": "event"} message, as the web side's Generation reads them."""
+        parts = [{"type": "event", "request_id": message["request_id"], "event": e} for e in message["events"]] if message["type"] == "events" else [message]
+        for part in parts:
+            self.sent_at[id(part)] = time.perf_counter()
+            self.inbox.put((channel, part))
 
     def until(self, channel: str, predicate: Any, timeout: float = 30) -> list[dict[str, Any]]:
         got: list[dict[str, Any]] = []

@@ -99,14 +99,10 @@ class Replies:
 
 async def _target(route: ModelRoute) -> tuple[str, str | None]:
     """Where to send work for `route`: the least-loaded live worker's inbox, or (none has reported yet) the
-    model's shared channel. 503 `overloaded` when even the least-loaded worker has a full queue."""
+    model's shared channel. Whether there is room is the worker's call (heartbeats are up to a second old)."""
     worker: WorkerStatus | None = await sync_to_async(registry.pick, thread_sensitive=False)(route.id)
     if worker is None:
         return route.work_channel, None
-    if registry.full(worker, route.id):
-        waiting = worker["models"][route.id]["waiting"]
-        raise GatewayError(503, f"Server busy: {waiting} requests are ahead of you. Retry in 2 s.", "server_error", "overloaded",
-                           headers={"Retry-After": "2"})
     return worker["channel"], worker["worker"]
 
 
@@ -148,7 +144,8 @@ class Generation:
                 registry.in_flight[self.worker] += 1
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        """Every reply until the end: "waiting" updates and trace events; an error reply raises GatewayError."""
+        """Every reply until the end: "waiting" updates and, one by one, trace events ({"type": "event", "event"});
+        an error reply raises GatewayError."""
         try:
             while self.finished is None:
                 message = await self.replies.next(patient=self.step)
@@ -160,10 +157,11 @@ class Generation:
                 if kind == "waiting":
                     self.ahead = int(message["ahead"])
                     yield message
-                elif kind == "event":
-                    if message["event"]["event"] == "finished":
-                        self.finished = message["event"]
-                    yield message
+                elif kind == "events":
+                    for event in message["events"]:
+                        if event["event"] == "finished":
+                            self.finished = event
+                        yield {"type": "event", "event": event}
         finally:
             self.close()
 

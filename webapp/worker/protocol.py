@@ -9,7 +9,7 @@ shared work channel `inference.<model id>`, which every worker holding the model
     GenerateRequest, TokenizeRequest, InspectRequest
 Control messages go to the inbox named in the "queued" reply: CancelMessage, NextMessage.
 Replies come, in order, on the requester's `reply_to` channel:
-    Queued → Waiting* → Accepted → EventReply* (the trace, ending with the "finished" event)
+    Queued → Accepted → Waiting* / EventsReply* (the trace, ending with the "finished" event)
     or an ErrorReply / CancelledReply instead; TokensReply / InspectionReply answer the others.
 `sent_at` is wall-clock seconds, so a worker can tell how long a message waited, even across machines.
 """
@@ -113,10 +113,15 @@ class Accepted(TypedDict):
     queued: float  # seconds from arrival to acceptance (channel wait and tokenization)
 
 
-class EventReply(TypedDict):
-    type: Literal["event"]
+class EventsReply(TypedDict):
+    """What one engine step produced for this request: its trace events, in order (serialized by inference.trace_json).
+
+    One message per step, not per event: at 16 streams the web side handles a few hundred
+    of these a second beside the engine, on the same cores."""
+
+    type: Literal["events"]
     request_id: str
-    event: dict[str, Any]  # one trace event, serialized by inference.trace_json
+    events: list[dict[str, Any]]
 
 
 class ErrorReply(TypedDict):
@@ -149,7 +154,7 @@ class InspectionReply(TypedDict):
     detail: dict[str, Any]
 
 
-Reply = Queued | Waiting | Accepted | EventReply | ErrorReply | CancelledReply | TokensReply | InspectionReply
+Reply = Queued | Waiting | Accepted | EventsReply | ErrorReply | CancelledReply | TokensReply | InspectionReply
 
 
 # --- what a worker reports about itself -------------------------------------------------------

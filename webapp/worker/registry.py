@@ -66,11 +66,6 @@ def pick(model_id: str) -> WorkerStatus | None:
     return random.choice([w for w in workers if load(w) == best])
 
 
-def full(status: WorkerStatus, model_id: str) -> bool:
-    slots = status["models"][model_id]
-    return slots["running"] >= slots["max_batch"] and slots["waiting"] >= slots["max_waiting"]
-
-
 def publish_load(model_id: str, load: ModelLoad) -> None:
     cache.set(_LOAD.format(model_id), load, None)
 

@@ -121,13 +121,15 @@ class EngineRunner:
         job = Job(model_id, message, time.perf_counter() - max(0.0, time.time() - float(message.get("sent_at", time.time()))))
         served = self.models[model_id]
         with self._lock:
-            waiting = served.slots["waiting"] + served.pending
-            if waiting >= self.config.max_waiting:
-                self._emit(job.reply_to, overloaded(job.request_id, waiting))
+            slots = served.slots
+            free = self.config.max_batch - slots["running"]
+            ahead = max(0, slots["waiting"] + served.pending - free)  # what will wait for a slot before this one
+            if ahead >= self.config.max_waiting:
+                self._emit(job.reply_to, overloaded(job.request_id, ahead))
                 return
             served.pending += 1
             self._jobs[job.request_id] = job
-        self._emit(job.reply_to, {"type": "queued", "request_id": job.request_id, "control": self._control, "worker": self.worker_id, "ahead": waiting})
+        self._emit(job.reply_to, {"type": "queued", "request_id": job.request_id, "control": self._control, "worker": self.worker_id, "ahead": ahead})
         self._prepare.submit(self._prepare_job, served, job)
 
     def tokenize(self, model_id: str, message: TokenizeRequest) -> None:
@@ -266,7 +268,7 @@ class EngineRunner:
                               "queued": time.perf_counter() - job.received_at}
         self._emit(job.reply_to, accepted)
         if tokenized is not None:
-            self._emit(job.reply_to, {"type": "event", "request_id": job.request_id, "event": tokenized})
+            self._emit(job.reply_to, {"type": "events", "request_id": job.request_id, "events": [tokenized]})
         metrics.prompt_tokens.labels(job.model_id).inc(len(request.prompt_ids))
 
     def _on_cancel(self, request_id: str) -> None:
@@ -320,9 +322,10 @@ class EngineRunner:
                 self._finish(job, error_reply(job.request_id, exc))
 
     def _send_events(self, model_id: str, job: Job, output: SequenceOutput, tokenizer: BPETokenizer) -> None:
-        for event in output.events:
-            data = event_to_dict(event, tokenizer)
-            self._emit(job.reply_to, {"type": "event", "request_id": job.request_id, "event": data})
+        events = [event_to_dict(event, tokenizer) for event in output.events]
+        if events:
+            self._emit(job.reply_to, {"type": "events", "request_id": job.request_id, "events": events})
+        for data in events:
             if data["event"] == "sampled" and job.message.get("step"):
                 job.paused_since = time.perf_counter()
             elif data["event"] == "finished":
