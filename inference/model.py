@@ -11,7 +11,7 @@ no extra work.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -166,7 +166,7 @@ class Transformer(nn.Module):
     def fuse_projections(self) -> None:
         """See `Block.fuse_projections`; the loader calls it once the weights are in place."""
         for block in self.blk:
-            block.fuse_projections()
+            cast(Block, block).fuse_projections()
 
     def new_cache(self, slots: int, capacity: int) -> SlotCache:
         weight = self.token_embd.weight

@@ -48,6 +48,22 @@ def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Pa
         time.sleep(0.2)
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def metric_samples(url: str) -> Samples:
+    """Every sample a process's /metrics exports (name and labels -> value); `url` is the site or a metrics port."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def metric_value(found: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples called `name` whose labels include `labels`."""
+    return sum(v for (n, ls), v in found.items() if n == name and set(labels.items()) <= set(ls))
+
+
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
     for process in processes:
         process.terminate()

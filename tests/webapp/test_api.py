@@ -281,3 +281,23 @@ def test_the_openapi_description_lists_the_endpoints(daphne_server: Any) -> None
 def test_wrong_method_is_405(daphne_server: Any, make_key: Any) -> None:
     r = httpx.get(f"{daphne_server.api}/chat/completions", headers={"Authorization": f"Bearer {make_key()}"})
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(daphne_server: Any, make_key: Any, smollm2_pipeline: Any) -> None:
+    """~500 tokens of history: the second turn reports cached_tokens as OpenAI does, and answers as a cold run does."""
+    from inference.params import SamplingParams
+    from inference.trace import Finished
+
+    client = sdk(daphne_server, make_key())
+    history = " ".join(f"Note {i}: the {w} lighthouse keeper logs the weather, the ships and the tides." for i, w in enumerate(["north", "south", "east", "west"] * 6))
+    first = [{"role": "system", "content": "You are a careful assistant. " + history}, {"role": "user", "content": "What does the keeper log?"}]
+    reply = client.chat.completions.create(model="smollm2", messages=first, temperature=0, max_tokens=16)  # type: ignore[arg-type]
+    second = first + [{"role": "assistant", "content": reply.choices[0].message.content or ""}, {"role": "user", "content": "And which directions?"}]
+    again = client.chat.completions.create(model="smollm2", messages=second, temperature=0, max_tokens=16)  # type: ignore[arg-type]
+    usage = again.usage
+    assert usage is not None and usage.prompt_tokens > 450
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens is not None
+    assert usage.prompt_tokens_details.cached_tokens >= 400  # the whole first turn, in 32-token blocks
+    cold = smollm2_pipeline.prepare(second, SamplingParams(temperature=0.0, max_tokens=16))
+    finished = [e for e in smollm2_pipeline.stream(cold) if isinstance(e, Finished)][-1]
+    assert finished.cached_tokens == 0 and again.choices[0].message.content == finished.text

@@ -98,11 +98,14 @@ class Replies:
 
 
 async def _target(route: ModelRoute) -> tuple[str, str | None]:
-    """Where to send work for `route`: the least-loaded live worker's inbox, or (none has reported yet) the
-    model's shared channel. Whether there is room is the worker's call (heartbeats are up to a second old)."""
-    worker: WorkerStatus | None = await sync_to_async(registry.pick, thread_sensitive=False)(route.id)
+    """Where to send work for `route`: the least-loaded live worker's inbox (counted in `registry.in_flight`
+    until the caller's Generation closes), or, before any worker has reported, the model's shared channel.
+    Whether there is room is the worker's call (heartbeats are up to a second old)."""
+    workers = await sync_to_async(registry.live_workers, thread_sensitive=False)(route.id)
+    worker: WorkerStatus | None = registry.pick(workers, route.id)
     if worker is None:
         return route.work_channel, None
+    registry.in_flight[worker["worker"]] += 1
     return worker["channel"], worker["worker"]
 
 
@@ -120,9 +123,7 @@ class Generation:
         self.accepted: dict[str, Any] = {}
         self.finished: dict[str, Any] | None = None
         self.cancelled = False
-        self.closed = False
-        if worker is not None:
-            registry.in_flight[worker] += 1
+        self.closed = False  # the worker's place in registry.in_flight (taken by _target) is given back on close
 
     async def start(self) -> dict[str, Any]:
         while True:
@@ -205,8 +206,8 @@ async def generate(
 ) -> Generation:
     """Send a generate request to the model's least-loaded worker and wait until it is accepted."""
     layer = _layer()
-    channel, worker = await _target(route)
     reply_to = await layer.new_channel("reply.")
+    channel, worker = await _target(route)
     generation = Generation(layer, request_id or new_request_id(), reply_to, worker, step)
     request: GenerateRequest = {
         "type": "generate",
@@ -234,8 +235,8 @@ async def generate(
 async def _ask(route: ModelRoute, message: dict[str, Any], answer: str) -> dict[str, Any]:
     """One request, one reply of type `answer` (tokenize, inspect)."""
     layer = _layer()
-    channel, worker = await _target(route)
     reply_to = await layer.new_channel("reply.")
+    channel, worker = await _target(route)
     replies = Replies(layer, reply_to, worker)
     try:
         await _send(layer, channel, {**message, "model": route.id, "request_id": new_request_id(), "reply_to": reply_to})
@@ -246,6 +247,8 @@ async def _ask(route: ModelRoute, message: dict[str, Any], answer: str) -> dict[
                 return reply
     finally:
         replies.close()
+        if worker is not None:
+            registry.in_flight[worker] -= 1
 
 
 async def tokenize(route: ModelRoute, text: str) -> dict[str, Any]:

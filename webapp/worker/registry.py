@@ -51,9 +51,11 @@ def live_workers(model_id: str | None = None) -> list[WorkerStatus]:
     return [s for s in found.values() if model_id is None or model_id in s["models"]]
 
 
-def pick(model_id: str) -> WorkerStatus | None:
-    """The live worker with the most room for `model_id` (ties broken at random); None when none is alive."""
-    workers = live_workers(model_id)
+def pick(workers: list[WorkerStatus], model_id: str) -> WorkerStatus | None:
+    """Of `workers` (from `live_workers`), the one with the most room for `model_id`, ties broken at random.
+
+    Pure and quick, so an async caller can choose and count the request in `in_flight` with no await in
+    between: a burst of requests then spreads instead of all seeing the same idle worker."""
     if not workers:
         return None
 
