@@ -3,11 +3,13 @@ import uPlot from "../vendor/uplot-1.6.32/uPlot.esm.js";
 
 // A line plot that fills its box; it resizes only when the box changed (a resize every token would re-layout the page).
 class LinePlot {
-  constructor(node, height, xLabel, yLabel, series) {
+  // yAxes: a label for the one y axis, or a list of {scale, label, side} for series on scales of their own.
+  constructor(node, height, xLabel, yAxes, series) {
     this.node = node;
     this.height = height;
+    const ys = typeof yAxes === "string" ? [{ label: yAxes }] : yAxes;
     this.plot = new uPlot(
-      { width: this.width(), height, scales: { x: { time: false } }, axes: [{ label: xLabel }, { label: yLabel }], series: [{}, ...series] },
+      { width: this.width(), height, scales: { x: { time: false } }, axes: [{ label: xLabel }, ...ys], series: [{}, ...series] },
       [[], ...series.map(() => [])],
       node,
     );
@@ -47,5 +49,19 @@ export class NormChart extends LinePlot {
 
   update(norms) {
     this.set([norms.map((_, i) => i), norms]);
+  }
+}
+
+// One point per forward this request took part in: how many sequences shared it, and what it cost.
+export class StepChart extends LinePlot {
+  constructor(node) {
+    super(node, 150, "engine step", [{ scale: "n", label: "sequences" }, { scale: "ms", label: "ms", side: 1, grid: { show: false } }], [
+      { label: "batch size", stroke: "#7c3aed", points: { show: true }, scale: "n" },
+      { label: "step ms", stroke: "#ea580c", points: { show: true }, scale: "ms" },
+    ]);
+  }
+
+  update(batches) {
+    this.set([batches.map((b) => b.step), batches.map((b) => b.batch_size), batches.map((b) => b.duration * 1000)]);
   }
 }

@@ -1,12 +1,13 @@
 // Draws every stage from a Run. Called on animation frames with the latest state.
 import { clock, el, field, hex, light, ms, visible } from "./dom.js";
 import { decodeAttention, drawLayer, drawOverview } from "./heatmap.js";
-import { ItlChart, NormChart } from "./charts.js";
+import { ItlChart, NormChart, StepChart } from "./charts.js";
 
 const SEGMENT_LABELS = { system: "system prompt", history: "earlier turns", message: "your message", markup: "template markup" };
 let itlChart = null;
 let normChart = null;
-const drawn = { run: null, forwards: 0, step: 0, frames: 0 };
+let stepChart = null;
+const drawn = { run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false };
 
 export function resetStages() {
   document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active", "pulse"));
@@ -17,7 +18,7 @@ export function resetStages() {
   });
   document.querySelectorAll(".stage .clock").forEach((c) => (c.textContent = ""));
   document.querySelector('#stage-forward [data-box="full"]').hidden = true;
-  Object.assign(drawn, { run: null, forwards: 0, step: 0, frames: 0 });
+  Object.assign(drawn, { run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false });
 }
 
 export function drawRun(run) {
@@ -27,11 +28,16 @@ export function drawRun(run) {
     drawRequest(run);
   }
   if (run.gateway) drawGateway(run);
+  drawQueue(run);
   if (run.tokenized && run.context) {
     drawTokens(run);
     drawContext(run);
   }
   if (run.forwards.length !== drawn.forwards) drawForward(run);
+  if (run.finished && run.context && !drawn.cacheFinal) {
+    drawCache(run);
+    drawn.cacheFinal = true;
+  }
   if (run.lastStep !== drawn.step) {
     drawSampling(run);
     drawDetok(run);
@@ -65,6 +71,8 @@ function drawGateway(run) {
     field("gateway", "rate-text").textContent = limit ? `${g.rate.requests_before ?? 0} → ${after} of ${limit}` : "unlimited";
     field("gateway", "route").textContent = `routed to ${g.model} on channel ${g.channel}`;
   }
+  const route = field("gateway", "route");
+  if (run.accepted?.worker && !route.textContent.includes("worker")) route.textContent += ` · served by worker ${run.accepted.worker}`;
   if (run.usage && !field("gateway", "usage").textContent) {
     const r = run.usage.record;
     const log = run.usage.stages.find((stage) => stage.name === "usage_log");
@@ -72,6 +80,14 @@ function drawGateway(run) {
     field("gateway", "usage").textContent =
       `usage log #${r.id}: ${r.status} ${r.finish_reason}, ${r.prompt_tokens} + ${r.completion_tokens} tokens, TTFT ${ms(r.ttft_ms)}, total ${ms(r.total_ms)}`;
   }
+}
+
+// Every slot of the batch is taken: the request waits in the worker's queue, and the page says where.
+function drawQueue(run) {
+  const line = field("gateway", "queue");
+  const text = run.waiting === null ? "" : run.waiting === 0 ? "server busy — you are next in the queue" : `server busy — ${run.waiting} requests ahead of you`;
+  if (line.textContent !== text) line.textContent = text;
+  line.hidden = !text;
 }
 
 function drawTokens(run) {
@@ -104,13 +120,29 @@ function drawContext(run) {
     block.append(el("span", {}, `${SEGMENT_LABELS[s.kind]} (${n})`));
     segments.append(block);
   }
-  const used = (c.prompt_tokens / c.context_length) * 100;
-  const reserved = (c.max_tokens / c.context_length) * 100;
+  const pct = (n) => (n / c.context_length) * 100;
   const fill = field("context", "fill");
-  fill.replaceChildren(el("div", { class: "used", style: `width:${Math.max(used, 0.5)}%` }), el("div", { class: "reserved", style: `width:${reserved}%` }));
+  fill.replaceChildren(
+    ...(c.cached_tokens ? [el("div", { class: "cached", style: `width:${pct(c.cached_tokens)}%`, title: `positions 0–${c.cached_tokens - 1}: from the prefix cache` })] : []),
+    el("div", { class: "used", style: `width:${Math.max(pct(c.prompt_tokens - c.cached_tokens), 0.5)}%`, title: "computed by this request's prefill" }),
+    el("div", { class: "reserved", style: `width:${pct(c.max_tokens)}%`, title: "room kept for the answer" }),
+  );
   field("context", "fill-text").textContent =
     `${c.prompt_tokens} prompt tokens + up to ${c.max_tokens} for the answer, of ${c.context_length}` +
     (c.dropped_messages ? ` · ${c.dropped_messages} earlier messages left out` : "");
+  drawCache(run);
+}
+
+// Which positions the prefix cache supplied, and (once the prompt is in) the prefill time that saved.
+function drawCache(run) {
+  const c = run.context;
+  const line = field("context", "cache");
+  if (!c.cached_tokens) {
+    line.textContent = "prefix cache: no earlier request shared this prompt's start, so every position is computed";
+    return;
+  }
+  const saved = run.finished ? ` — about ${ms(run.finished.timings.prefill_saved * 1000)} of prefill saved (at this request's own prefill rate)` : "";
+  line.textContent = `prefix cache: positions 0–${c.cached_tokens - 1} (${c.cached_tokens} of ${c.prompt_tokens}) were reused from an earlier request instead of recomputed${saved}`;
 }
 
 function drawForward(run) {
@@ -131,7 +163,20 @@ function drawForward(run) {
   const contextLength = run.context?.context_length ?? f.kv_length;
   field("forward", "kv").style.width = `${Math.min(100, (f.kv_length / contextLength) * 100)}%`;
   field("forward", "kv-text").textContent = `${f.kv_length} positions cached`;
+  drawBatch(run, f);
   if (f.detail) drawFull(run, f.detail);
+}
+
+// The engine runs every active request in one batched forward per step: with whom this one ran, and the timeline.
+function drawBatch(run, f) {
+  const b = run.batchOf(f);
+  if (!b) return;
+  const others = b.batch_size - 1;
+  field("forward", "batch").textContent =
+    `decoded together with ${others} other request${others === 1 ? "" : "s"} in engine step ${b.step}: ` +
+    `${b.batch_size} sequence${b.batch_size === 1 ? "" : "s"}, ${b.prefill_tokens} prompt + ${b.decode_tokens} decode tokens in one forward of ${ms(b.duration * 1000)}`;
+  stepChart ??= new StepChart(field("forward", "steps"));
+  stepChart.update([...run.batches.values()]);
 }
 
 function drawFull(run, detail) {

@@ -9,6 +9,8 @@ export class Run {
     this.tokenized = null;
     this.context = null;
     this.forwards = [];
+    this.batches = new Map(); // engine step -> the batched forward this request took part in
+    this.waiting = null; // requests ahead of this one while every slot of the batch was taken
     this.steps = new Map(); // step -> {sampled, text, forward, arrivedAt}
     this.text = "";
     this.usage = null;
@@ -30,6 +32,7 @@ export class Run {
     switch (frame.type) {
       case "gateway": this.gateway = frame; break;
       case "accepted": this.accepted = frame; break;
+      case "waiting": this.waiting = frame.ahead; break;
       case "usage": this.usage = frame; break;
       case "error": this.error = frame; break;
       case "done": this.done = true; break;
@@ -40,7 +43,8 @@ export class Run {
   applyEvent(event, at) {
     switch (event.event) {
       case "tokenized": this.tokenized = event; break;
-      case "context": this.context = event; break;
+      case "context": this.context = event; this.waiting = null; break;
+      case "batch": this.batches.set(event.step, event); break;
       case "forward":
         this.forwards.push(event);
         // The pass that consumed token n produces the candidates for token n + 1.
@@ -57,6 +61,11 @@ export class Run {
         break;
       case "finished": this.finished = event; break;
     }
+  }
+
+  // The batched forward a forward event of this request ran in.
+  batchOf(forward) {
+    return this.batches.get(forward.batch_step) ?? null;
   }
 
   get lastForward() {

@@ -56,6 +56,9 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: 
     assert page.locator("#stage-forward .layer").count() == 30
     assert page.locator('#stage-forward [data-field="lens"] li').count() == 30
     assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
+    assert "decoded together with" in page.inner_text('#stage-forward [data-field="batch"]')
+    assert page.locator('#stage-forward [data-field="steps"] canvas').count() >= 1  # the step timeline
+    assert page.inner_text('#stage-context [data-field="cache"]').startswith("prefix cache:")
     # 6. sampling: the chosen tokens, token by token, spell the answer (the last choice is <|im_end|>)
     assert page.inner_text("#stage-sampling .bar.chosen .tok") == "<|im_end|>"
     tokens = page.locator(".bubble.assistant .tok").all_inner_texts()
@@ -256,3 +259,46 @@ def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_pa
     finally:
         context.close()
         stop([server])
+
+
+def test_a_second_turn_shows_the_positions_the_prefix_cache_supplied(page: Any, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?")
+    wait_done(page)
+    ask(page, "And what is the capital of France?")
+    wait_done(page)
+    cache = page.inner_text('#stage-context [data-field="cache"]')
+    assert "were reused from an earlier request" in cache and "of prefill saved" in cache
+    assert page.locator("#stage-context .fill-bar .cached").count() == 1
+    screenshot(page.locator("#stage-context"), "context-prefix-cache")
+
+
+def test_a_full_batch_makes_the_page_say_it_waits_and_then_it_runs(page: Any, daphne_server: Any, make_key: Any, screenshot: Any) -> None:
+    """The test server decodes 4 sequences at once: with 4 long API streams running, a page turn waits its turn."""
+    import threading
+
+    key = make_key()
+    started = [threading.Event() for _ in range(4)]
+
+    def hog(i: int) -> None:
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": f"story {i}"}], "max_tokens": 60, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120) as r:
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    started[i].set()
+
+    hogs = [threading.Thread(target=hog, args=(i,)) for i in range(4)]
+    for thread in hogs:
+        thread.start()
+    try:
+        for event in started:
+            assert event.wait(60)
+        ask(page, "What's the capital of India?")
+        page.wait_for_selector('#stage-gateway [data-field="queue"]:not([hidden])', timeout=20000)
+        assert page.inner_text('#stage-gateway [data-field="queue"]').startswith("server busy")
+        screenshot(page.locator("#stage-gateway"), "gateway-server-busy")
+        wait_done(page)
+        assert answer(page) == "The capital of India is New Delhi."
+        assert page.is_hidden('#stage-gateway [data-field="queue"]')
+    finally:
+        for thread in hogs:
+            thread.join(120)

@@ -19,6 +19,7 @@ from typing import Iterator
 import httpx2 as httpx
 import pytest
 
+from loops import run_async
 from servers import free_port, manage, metric_samples, metric_value, start, stop, wait_ready
 
 CLIENTS = 32
@@ -87,9 +88,9 @@ def test_32_streams_at_once_each_get_their_own_answer_and_leave_one_usage_row(bu
     rng = random.Random(7)
     leavers = set(rng.sample(range(CLIENTS), LEAVING))
     plan = {i: (rng.randint(1, MAX_TOKENS // 2) if i in leavers else None) for i in range(CLIENTS)}
-    alone = {i: asyncio.run(_burst_one(url, key, i)).text for i in range(CLIENTS) if i not in leavers}
+    alone = {i: run_async(_burst_one(url, key, i)).text for i in range(CLIENTS) if i not in leavers}
     started = time.monotonic()
-    outcomes = asyncio.run(_burst(url, key, plan))
+    outcomes = run_async(_burst(url, key, plan))
     assert time.monotonic() - started < 120
     for i, outcome in enumerate(outcomes):
         assert outcome.status == 200
