@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference.batch import BatchPlan, Chunk  # noqa: E402
+from inference.batch import Chunk  # noqa: E402
 from inference.loader import LoadedModel, load_model  # noqa: E402
 from inference.params import SamplingParams  # noqa: E402
 from inference.scheduler import Scheduler  # noqa: E402
@@ -59,7 +59,7 @@ def median_time(fn: Any, repeats: int) -> float:
 def prefill(loaded: LoadedModel, ids: list[int]) -> None:
     """The whole prompt in one forward, into a fresh cache."""
     model = loaded.model
-    plan = BatchPlan.build([Chunk(0, 0, len(ids))], model.rope_table(loaded.device))
+    plan = model.plan([Chunk(0, 0, len(ids))])
     with torch.inference_mode():
         model(torch.tensor(ids, device=loaded.device), plan, model.new_cache(1, len(ids)))
 

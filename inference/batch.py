@@ -75,7 +75,8 @@ class BatchPlan:
         return int(self.token_slots.shape[0])
 
     @classmethod
-    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor) -> BatchPlan:
+    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor, dtype: torch.dtype = torch.float32) -> BatchPlan:
+        """`dtype`: the activations', for the additive attention masks."""
         device = freqs_cis.device
         offsets = [0]
         for chunk in chunks:
@@ -86,10 +87,10 @@ class BatchPlan:
         typical = median(c.end for _, c in singles) if singles else 0
         long_from = max(LONG_ROW_FACTOR * typical, LONG_ROW_MIN)
         short = [(i, c) for i, c in singles if c.end < long_from]
-        groups = [_padded_group([(offsets[i], c) for i, c in short], device)] if short else []
+        groups = [_padded_group([(offsets[i], c) for i, c in short], device, dtype)] if short else []
         for i, chunk in enumerate(chunks):
             if chunk.length > 1 or chunk.end >= long_from:
-                groups.append(_chunk_group(offsets[i], chunk, device))
+                groups.append(_chunk_group(offsets[i], chunk, device, dtype))
         return cls(
             chunks=tuple(chunks),
             token_slots=slots,
@@ -100,7 +101,12 @@ class BatchPlan:
         )
 
 
-def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device) -> AttentionGroup:
+def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as the additive one attention adds to its scores (0 where visible, -inf elsewhere), made once per forward."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+
+
+def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device, dtype: torch.dtype) -> AttentionGroup:
     """Single-token queries over the run of slots they occupy, padded to the longest and masked."""
     lo = min(c.slot for _, c in rows)
     hi = max(c.slot for _, c in rows) + 1
@@ -110,21 +116,23 @@ def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device) -> Attent
     for token, c in rows:
         q_index[c.slot - lo, 0] = token
         last[c.slot - lo] = c.start
-    mask = (torch.arange(kv_len)[None, :] <= last[:, None])[:, None, None, :]  # [b, 1, 1, kv_len]
+    # Rows that see every position need no mask (a single stream's decode step, or rows all at the same length).
+    visible = (torch.arange(kv_len)[None, :] <= last[:, None])[:, None, None, :]  # [b, 1, 1, kv_len]
+    mask = None if bool(visible.all()) else _additive(visible, dtype).to(device)
     keep = torch.tensor([c.slot - lo for _, c in rows])
     dst_index = torch.tensor([token for token, _ in rows])
     in_order = lo == 0 and hi == len(rows) and all(token == c.slot for token, c in rows)
-    return AttentionGroup(lo, hi, kv_len, q_index.to(device), mask.to(device), keep=keep.to(device), dst_index=dst_index.to(device),
+    return AttentionGroup(lo, hi, kv_len, q_index.to(device), mask, keep=keep.to(device), dst_index=dst_index.to(device),
                           in_order=in_order)
 
 
-def _chunk_group(offset: int, chunk: Chunk, device: torch.device) -> AttentionGroup:
+def _chunk_group(offset: int, chunk: Chunk, device: torch.device, dtype: torch.dtype) -> AttentionGroup:
     """One sequence's tokens attending causally over its own slot."""
     q_index = torch.arange(offset, offset + chunk.length, device=device)[None]  # [1, t]
     if chunk.start == 0:
         mask = None  # plain causal from position 0
     else:
-        cols = torch.arange(chunk.end, device=device)
-        rows = torch.arange(chunk.start, chunk.end, device=device)
-        mask = (cols[None, :] <= rows[:, None])[None, None]  # [1, 1, t, kv_len]
+        cols = torch.arange(chunk.end)
+        rows = torch.arange(chunk.start, chunk.end)
+        mask = _additive((cols[None, :] <= rows[:, None])[None, None], dtype).to(device)  # [1, 1, t, kv_len]
     return AttentionGroup(chunk.slot, chunk.slot + 1, chunk.end, q_index, mask, dst=slice(offset, offset + chunk.length))

@@ -114,6 +114,42 @@ class GGUFFile:
             raise ModelFileError(self.path, f"tensor {name!r} holds {values.size} values, expected shape {shape}")
         return np.array(values.reshape(shape), dtype=np.float32, copy=not values.flags.writeable)
 
+    def q4_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A Q4_0 or Q4_1 tensor's own blocks — codes uint8 [N, K] (0..15), scales and minimums float32 [N, K/32],
+        w = code * scale + minimum — so a 4-bit kernel can run the file's weights without re-rounding them; None for other types."""
+        tensor = self._tensor(name)
+        kind = tensor.tensor_type
+        if kind not in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
+            return None
+        n, k = (int(d) for d in reversed(tensor.shape))
+        header = 2 if kind == GGMLQuantizationType.Q4_0 else 4  # fp16 d (Q4_0); fp16 d and m (Q4_1)
+        try:
+            blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(n, k // 32, header + 16)
+        except ValueError as exc:
+            raise ModelFileError(self.path, f"tensor {name!r} is corrupt or truncated ({exc})") from exc
+        scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K/32]
+        if kind == GGMLQuantizationType.Q4_1:
+            minimums = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        else:  # Q4_0: w = (code - 8) * d
+            minimums = -8 * scales
+        packed = blocks[..., header:]  # [N, K/32, 16]: element j in the low nibble of byte j, element j + 16 in the high one
+        codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, k)
+        return codes, scales, minimums
+
+    def q8_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A Q8_0 tensor's own blocks — codes int8 [N, K] and scales float32 [N, K/32], w = code * scale — or None."""
+        tensor = self._tensor(name)
+        if tensor.tensor_type != GGMLQuantizationType.Q8_0:
+            return None
+        n, k = (int(d) for d in reversed(tensor.shape))
+        try:
+            blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(n, k // 32, 34)  # fp16 scale, then 32 int8 codes
+        except ValueError as exc:
+            raise ModelFileError(self.path, f"tensor {name!r} is corrupt or truncated ({exc})") from exc
+        scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        codes = blocks[..., 2:].copy().view(np.int8).reshape(n, k)
+        return codes, scales
+
     def iter_dequantized(
         self, names: list[str], on_tensor: Callable[[int, int, str], None] | None = None
     ) -> Iterator[tuple[str, np.ndarray]]:

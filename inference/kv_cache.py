@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from inference.batch import BatchPlan
 from inference.config import ModelConfig
 
 CAPACITY_STEP = 256  # positions are allocated in multiples of this, so the tensor is rarely regrown
@@ -63,11 +64,16 @@ class SlotCache:
             v[:, slot, :, :length] = self.v[:, slot, :, :length]
         self.k, self.v = k, v
 
-    def write(self, layer: int, slots: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
-        """Store k, v [N, n_kv, hd] of N tokens at (slots[i], positions[i])."""
+    def write(self, layer: int, plan: BatchPlan, k: Tensor, v: Tensor) -> None:
+        """Store k, v [N, n_kv, hd] of the plan's N tokens at their slots and positions."""
+        if len(plan.chunks) == 1:  # one sequence (a stream's decode step, a prompt chunk): a plain slice
+            c = plan.chunks[0]
+            self.k[layer, c.slot, :, c.start : c.end] = k.transpose(0, 1)  # [n_kv, N, hd]
+            self.v[layer, c.slot, :, c.start : c.end] = v.transpose(0, 1)
+            return
         # Advanced indices around a slice put their dim first: the target view is [N, n_kv, hd].
-        self.k[layer][slots, :, positions] = k
-        self.v[layer][slots, :, positions] = v
+        self.k[layer][plan.token_slots, :, plan.token_positions] = k
+        self.v[layer][plan.token_slots, :, plan.token_positions] = v
 
     def view(self, layer: int, lo: int, hi: int, length: int) -> tuple[Tensor, Tensor]:
         """Keys and values [hi - lo, n_kv, length, hd] of slots lo..hi-1: a view, no copy."""

@@ -11,15 +11,16 @@ no extra work.
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from inference.batch import AttentionGroup, BatchPlan
+from inference.batch import AttentionGroup, BatchPlan, Chunk
 from inference.config import ModelConfig
 from inference.kv_cache import SlotCache
+from inference.model_weights import BlockWeights, ModelWeights
 
 
 class ForwardProbe(Protocol):
@@ -32,15 +33,9 @@ class ForwardProbe(Protocol):
         """The token's queries [H, hd] and every key it may see [KV, S, hd]."""
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x / rms(x) * weight, in one fused op (which accumulates in float32 for bfloat16 inputs)."""
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / rms(x) * weight, in one fused op (which accumulates in float32 for bfloat16 inputs)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def rope_frequencies(config: ModelConfig, device: torch.device) -> Tensor:
@@ -51,59 +46,56 @@ def rope_frequencies(config: ModelConfig, device: torch.device) -> Tensor:
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
 
 
-def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
+def apply_rope(x: Tensor, freqs: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """Rotate adjacent pairs (x[2i], x[2i+1]): llama.cpp's converter permuted Q and K for this layout.
 
-    x: [N, H, hd]; freqs: [N, rope_dim / 2].
+    x: [N, H, hd]; freqs: [N, rope_dim / 2]. The result is in `dtype` (default: x's).
     """
+    dtype = dtype or x.dtype
     rot = freqs.shape[-1] * 2
     pairs = x[..., :rot].float().reshape(*x.shape[:-1], -1, 2)  # [N, H, rot/2, 2]
     rotated = torch.view_as_complex(pairs) * freqs[:, None, :]  # [N, H, rot/2]
     out = torch.view_as_real(rotated).flatten(-2)  # [N, H, rot]
     if rot == x.shape[-1]:
-        return out.to(x.dtype)
-    return torch.cat([out.to(x.dtype), x[..., rot:]], dim=-1)
+        return out.to(dtype)
+    return torch.cat([out.to(dtype), x[..., rot:].to(dtype)], dim=-1)
 
 
+REFINE_MARGIN = 4.0  # tokens within this many logits of the best are recomputed in float32 by a bfloat16 head
 Probes = dict[int, ForwardProbe]  # token index in the flattened batch -> its probe
 
 
 class Block(nn.Module):
-    """One transformer layer; attribute names are the GGUF's `blk.N.*` tensor names."""
+    """One transformer layer; attribute names are the GGUF's `blk.N.*` tensor names (Q, K, V and gate, up fused)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    attn_norm: Tensor
+    ffn_norm: Tensor
+
+    def __init__(self, config: ModelConfig, weights: BlockWeights, stream_dtype: torch.dtype) -> None:
         super().__init__()
-        c = self.config = config
-        self.attn_norm = RMSNorm(c.dim, c.norm_eps)
-        self.attn_q = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=False)
-        self.attn_k = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
-        self.attn_v = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
-        self.attn_output = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False)
-        self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
-        self.ffn_gate = nn.Linear(c.dim, c.ffn_dim, bias=False)
-        self.ffn_up = nn.Linear(c.dim, c.ffn_dim, bias=False)
-        self.ffn_down = nn.Linear(c.ffn_dim, c.dim, bias=False)
-        self.qkv_weight: Tensor  # set by fuse_projections
-        self.gate_up_weight: Tensor
-
-    def fuse_projections(self) -> None:
-        """One matmul for Q, K and V and one for gate and up, instead of five: the separate weights become views
-        of the fused ones, so the checkpoint's names (and state_dict) stay as they are and no memory is doubled."""
-        self.qkv_weight = _fuse(self.attn_q, self.attn_k, self.attn_v)
-        self.gate_up_weight = _fuse(self.ffn_gate, self.ffn_up)
+        self.config = config
+        self.stream_dtype = stream_dtype
+        self.register_buffer("attn_norm", weights.attn_norm.to(stream_dtype))
+        self.attn_qkv = weights.attn_qkv  # [(H + 2 KV) * hd, dim]
+        self.attn_output = weights.attn_output
+        self.register_buffer("ffn_norm", weights.ffn_norm.to(stream_dtype))
+        self.ffn_gate_up = weights.ffn_gate_up  # [2 * ffn, dim]
+        self.ffn_down = weights.ffn_down
 
     def forward(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
-        h = x + self.attention(self.attn_norm(x), plan, cache, layer, probes)
-        return h + self.feed_forward(self.ffn_norm(h))
+        eps = self.config.norm_eps
+        h = x + self.attention(rms_norm(x, self.attn_norm, eps), plan, cache, layer, probes)
+        return h + self.feed_forward(rms_norm(h, self.ffn_norm, eps))
 
     def attention(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
         N = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
-        qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs)  # [N, H + KV, hd]: one rotation for both
-        q, k, v = qk[:, : c.n_heads], qk[:, c.n_heads :], qkv[:, c.n_heads + c.n_kv_heads :]  # [N, H | KV | KV, hd]
-        cache.write(layer, plan.token_slots, plan.token_positions, k, v)
+        qkv = self.attn_qkv(x).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
+        qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs, self.stream_dtype)  # [N, H + KV, hd]: one rotation for both
+        q, k = qk[:, : c.n_heads], qk[:, c.n_heads :]  # [N, H | KV, hd]
+        v = qkv[:, c.n_heads + c.n_kv_heads :].to(self.stream_dtype)  # [N, KV, hd]
+        cache.write(layer, plan, k, v)
         for token, probe in probes.items():
             keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, int(plan.token_positions[token]) + 1)
             probe.on_attention(layer, q[token], keys[0])
@@ -114,18 +106,8 @@ class Block(nn.Module):
 
     def feed_forward(self, x: Tensor) -> Tensor:
         """SwiGLU: down(silu(gate(x)) * up(x))."""
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)  # [N, ffn] each
+        gate, up = self.ffn_gate_up(x).chunk(2, dim=-1)  # [N, ffn] each
         return self.ffn_down(F.silu(gate) * up)
-
-
-def _fuse(*linears: nn.Linear) -> Tensor:
-    fused = torch.cat([m.weight.detach() for m in linears])  # [sum of outputs, in]
-    start = 0
-    for m in linears:
-        rows = m.weight.shape[0]
-        m.weight = nn.Parameter(fused[start : start + rows], requires_grad=False)
-        start += rows
-    return fused
 
 
 def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:
@@ -153,24 +135,35 @@ def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, ou
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """`stream_dtype` is what the residual stream, norms, attention and KV cache use: float32 on a CPU (the
+    projections multiply in their format's dtype and hand back float32), bfloat16 on a GPU."""
+
+    output_norm: Tensor
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, stream_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = config
-        self.token_embd = nn.Embedding(config.vocab_size, config.dim)
-        self.blk = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.output_norm = RMSNorm(config.dim, config.norm_eps)
-        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.stream_dtype = stream_dtype
+        self.weights_plan = weights.plan
+        self.weights_bytes = weights.nbytes
+        self.token_embd = weights.token_embd  # [V, dim], looked up by rows
+        self.blk = nn.ModuleList(Block(config, b, stream_dtype) for b in weights.blocks)
+        self.register_buffer("output_norm", weights.output_norm.to(stream_dtype))
+        self.output = weights.output  # [V, dim]
         # A plain attribute, not a buffer: Module.to(dtype) would cast the complex rotations to real.
         self.freqs_cis = rope_frequencies(config, torch.device("cpu"))
 
-    def fuse_projections(self) -> None:
-        """See `Block.fuse_projections`; the loader calls it once the weights are in place."""
-        for block in self.blk:
-            cast(Block, block).fuse_projections()
+    @property
+    def dtype(self) -> torch.dtype:
+        """The residual stream's (and the KV cache's) dtype."""
+        return self.stream_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.output_norm.device
 
     def new_cache(self, slots: int, capacity: int) -> SlotCache:
-        weight = self.token_embd.weight
-        return SlotCache(self.config, weight.device, weight.dtype, slots, min(capacity, self.config.context_length))
+        return SlotCache(self.config, self.device, self.dtype, slots, min(capacity, self.config.context_length))
 
     def forward(
         self,
@@ -183,7 +176,7 @@ class Transformer(nn.Module):
         """tokens [N] laid out by `plan`. Returns float32 logits [n, V] for the tokens `logits_for`
         (default: the last token of every chunk)."""
         probes = probes or {}
-        x = self.token_embd(tokens)  # [N, dim]
+        x = self.token_embd.rows(tokens).to(self.stream_dtype)  # [N, dim]
         for layer, block in enumerate(self.blk):
             for token, probe in probes.items():
                 probe.on_residual(layer, x[token])
@@ -191,10 +184,25 @@ class Transformer(nn.Module):
         for token, probe in probes.items():
             probe.on_residual(self.config.n_layers, x[token])
         rows = plan.last_tokens if logits_for is None else logits_for
-        return self.output(self.output_norm(x[rows])).float()  # [n, V]
+        return self.logits(x[rows])  # [n, V]
 
-    def rope_table(self, device: torch.device) -> Tensor:
-        """The rotations for every position, on `device` (moved there once)."""
-        if self.freqs_cis.device != device:
-            self.freqs_cis = self.freqs_cis.to(device)
-        return self.freqs_cis
+    def logits(self, h: Tensor) -> Tensor:
+        """float32 logits [n, V] from residual streams h [n, dim] (the last layer's, or any layer's for the logit lens).
+
+        A head that multiplies in bfloat16 rounds its outputs to 8 significant bits (steps of 0.125 at
+        logit 20), which makes false ties between the likeliest tokens; their logits are recomputed
+        in float32 from the head's own rows, so the choice and the top probabilities are exact.
+        """
+        normed = rms_norm(h.to(self.dtype), self.output_norm, self.config.norm_eps)  # [n, dim]
+        logits = self.output(normed).float()  # [n, V]
+        if self.output.format.compute_dtype == torch.float32:
+            return logits
+        row, token = (logits >= logits.amax(dim=-1, keepdim=True) - REFINE_MARGIN).nonzero(as_tuple=True)  # [m] each
+        logits[row, token] = (self.output.rows(token) * normed[row].float()).sum(dim=-1)  # [m, dim] -> [m]
+        return logits
+
+    def plan(self, chunks: Sequence[Chunk]) -> BatchPlan:
+        """The layout of a forward over `chunks` (see `inference.batch`), on this model's device and dtype."""
+        if self.freqs_cis.device != self.device:
+            self.freqs_cis = self.freqs_cis.to(self.device)  # moved once
+        return BatchPlan.build(chunks, self.freqs_cis, self.dtype)

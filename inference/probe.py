@@ -35,8 +35,7 @@ class LayerProbe:
     def detail(self, model: Transformer) -> LayerDetail:
         """Assemble the recorded tensors; the logit lens reads each layer's output through the final norm and head."""
         stream = torch.stack(self._residuals)  # [L + 1, dim]
-        lens_in = stream[1:].to(model.output.weight.dtype)  # outputs of layers 0..L-1
-        probs = torch.softmax(model.output(model.output_norm(lens_in)).float(), dim=-1)  # [L, V]
+        probs = torch.softmax(model.logits(stream[1:]), dim=-1)  # [L, V] from the outputs of layers 0..L-1
         best_p, best_id = probs.max(dim=-1)
         return LayerDetail(
             attention=torch.stack(self._attention).to(torch.float16).cpu().numpy(),  # [L, H, S]

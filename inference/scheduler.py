@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from inference.batch import BatchPlan, Chunk
+from inference.batch import Chunk
 from inference.errors import InferenceError, InvalidRequestError
 from inference.kv_cache import round_capacity
 from inference.model import Transformer
@@ -99,7 +99,7 @@ class Scheduler:
         self.stop_ids = stop_ids
         self.token_bytes = token_bytes
         self.config = config
-        self.device = model.token_embd.weight.device
+        self.device = model.device
         with torch.inference_mode():
             self.cache = model.new_cache(0, 0)
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes, config.prefix_block)
@@ -184,7 +184,7 @@ class Scheduler:
         samples = [s.phase == Phase.DECODE or s.computed + len(t) == len(s.prompt_ids) for s, t in scheduled]
         prefilling = sum(s.phase == Phase.PREFILL for s, _ in scheduled)
         prefill_tokens = sum(len(t) for s, t in scheduled if s.phase == Phase.PREFILL)
-        plan = BatchPlan.build(chunks, self.model.rope_table(self.device))
+        plan = self.model.plan(chunks)
         sampled_tokens = [int(plan.last_tokens[i]) for i, wants in enumerate(samples) if wants]
         probes = {
             int(plan.last_tokens[i]): LayerProbe()
@@ -247,7 +247,7 @@ class Scheduler:
         """
         probe = LayerProbe()
         cache = self.model.new_cache(1, len(ids))
-        plan = BatchPlan.build([Chunk(0, 0, len(ids))], self.model.rope_table(self.device))
+        plan = self.model.plan([Chunk(0, 0, len(ids))])
         self.model(torch.tensor(list(ids), device=self.device), plan, cache, {len(ids) - 1: probe})
         return probe.detail(self.model)
 

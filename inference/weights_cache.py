@@ -1,8 +1,10 @@
-"""A cache of dequantized weights and parsed metadata, so the second start skips GGUF parsing.
+"""A cache of parsed metadata and of weights already converted to their format, so a restart skips both.
 
-Keyed by the file's real path, size and modification time: replacing the file misses the
-cache. Entries are written to a temporary folder and renamed into place, so a crash never
-leaves a half-written entry that a later start would trust.
+Keyed by the file's real path, size and modification time (replacing the file misses the
+cache); weights additionally by their format plan, the torch version and the CPU's vector
+extensions, since packed layouts belong to the kernel that reads them. Loaded weights are
+memory-mapped, so a restart costs little time and no copy. Entries are written to a
+temporary file and renamed into place, so a crash never leaves a half-written entry.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 4  # bump when the stored layout changes (`ModelWeights.state`)
 
 
 def cache_dir() -> Path:
@@ -32,30 +34,47 @@ def entry_for(model_path: str) -> Path:
     return cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def load(model_path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
-    """(metadata, float32 state dict) from the cache, or None on a miss or an unreadable entry."""
-    entry = entry_for(model_path)
+def _weights_file(model_path: str, plan_key: str) -> Path:
+    build = f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}"
+    tag = re.sub(r"[^a-z0-9]+", "-", plan_key)
+    return entry_for(model_path) / f"weights-{tag}-{hashlib.sha256(build.encode()).hexdigest()[:8]}.pt"
+
+
+def load_meta(model_path: str) -> dict[str, Any] | None:
     try:
-        meta = json.loads((entry / "meta.json").read_text())
-        weights = torch.load(entry / "weights.pt", mmap=True, weights_only=True)
+        meta: dict[str, Any] = json.loads((entry_for(model_path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta
+
+
+def store_meta(model_path: str, meta: dict[str, Any]) -> None:
+    _write(entry_for(model_path) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
+
+
+def load_weights(model_path: str, plan_key: str) -> dict[str, Any] | None:
+    """The weights' state (see `ModelWeights.state`), memory-mapped; None on a miss or an unreadable entry."""
+    try:
+        state: dict[str, Any] = torch.load(_weights_file(model_path, plan_key), mmap=True, weights_only=True)
     except (OSError, ValueError, RuntimeError):
         return None
-    return meta, weights
+    return state if state.get("plan") == plan_key else None
 
 
-def store(model_path: str, meta: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
-    """Write an entry; failures (read-only home, full disk) only cost the next start its speed."""
-    entry = entry_for(model_path)
+def store_weights(model_path: str, plan_key: str, state: dict[str, Any]) -> None:
+    _write(_weights_file(model_path, plan_key), lambda f: torch.save(state, f))
+
+
+def _write(path: Path, write: Any) -> None:
+    """Write atomically; failures (read-only home, full disk) only cost the next start its speed."""
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     except OSError:
         return
     try:
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        torch.save(weights, tmp / "weights.pt")
-        if entry.exists():
-            shutil.rmtree(entry)
-        tmp.rename(entry)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        Path(tmp).unlink(missing_ok=True)

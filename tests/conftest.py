@@ -23,10 +23,10 @@ from inference.pipeline import ChatPipeline
 from servers import free_port, start, stop, wait_ready
 from tiny_gguf import TinySpec, write_tiny_gguf
 
-# Models in the tests (in-process and in the servers they start) compute in float32: the tests compare them
-# with float64 re-computations and demand batched greedy text equal to unbatched, which bfloat16 (the CPU
-# default where it is faster) does not promise. Tests of bfloat16 itself ask for it explicitly.
-os.environ.setdefault("ROUNDTRIP_DTYPE", "float32")
+# Models in the tests (in-process and in the servers they start) run float32 weights: the tests compare them
+# with float64 re-computations and demand batched greedy text equal to unbatched, which bfloat16 activations
+# (every other format) do not promise. Tests of the other formats ask for them explicitly.
+os.environ.setdefault("ROUNDTRIP_WEIGHTS", "fp32")
 
 REFERENCE = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "llamacpp-smollm2.json"
 SERVICE_SKIP_PREFIX = "needs service:"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from inference.batch import BatchPlan, Chunk
+from inference.batch import Chunk
 from inference.model import Transformer
 
 
 def last_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
     """float32 logits [V] for the token after `ids`, computed from scratch."""
-    plan = BatchPlan.build([Chunk(0, 0, len(ids))], model.rope_table(model.token_embd.weight.device))
+    plan = model.plan([Chunk(0, 0, len(ids))])
     with torch.inference_mode():
         return model(torch.tensor(ids), plan, model.new_cache(1, len(ids)))[0]

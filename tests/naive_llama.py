@@ -9,6 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from inference.config import ModelConfig
+from inference.gguf_file import GGUFFile
+from inference.loader import LoadedModel
+from inference.model_weights import expected_tensors
+
+
+def file_weights(loaded: LoadedModel) -> dict[str, np.ndarray]:
+    """The file's own weights by checkpoint name, dequantized by the gguf package: independent of how the model stores them."""
+    gguf = GGUFFile(loaded.path)
+    return {name: gguf.dequantize(name) for name in expected_tensors(loaded.config, gguf)}
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -8,19 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from inference.batch import BatchPlan, Chunk
+from inference.batch import Chunk
 from inference.kv_cache import SlotCache
 from inference.loader import LoadedModel, load_model
 from inference.model import Transformer, apply_rope
-from naive_llama import naive_logits
-
-
-def _weights(loaded: LoadedModel) -> dict[str, np.ndarray]:
-    return {k: v.float().numpy() for k, v in loaded.model.state_dict().items()}
+from naive_llama import file_weights, naive_logits
 
 
 def _forward(model: Transformer, cache: SlotCache, chunks: list[tuple[Chunk, list[int]]], every_token: bool = False) -> torch.Tensor:
-    plan = BatchPlan.build([c for c, _ in chunks], model.rope_table(torch.device("cpu")))
+    plan = model.plan([c for c, _ in chunks])
     tokens = torch.tensor([t for _, ids in chunks for t in ids])
     with torch.inference_mode():
         return model(tokens, plan, cache, logits_for=torch.arange(len(tokens)) if every_token else None)
@@ -40,13 +36,13 @@ def _cached_logits(model: Transformer, ids: list[int], prefill: int) -> torch.Te
 
 def test_tiny_model_logits_match_a_plain_recomputation(tiny_model: LoadedModel) -> None:
     ids = [1, 120, 45, 200, 7, 99, 250, 3]
-    expected = naive_logits(tiny_model.config, _weights(tiny_model), ids)
+    expected = naive_logits(tiny_model.config, file_weights(tiny_model), ids)
     assert np.allclose(_all_logits(tiny_model.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_real_model_logits_match_a_plain_recomputation(smollm2: LoadedModel) -> None:
     ids = smollm2.tokenizer.encode("What's the capital of India?").ids
-    expected = naive_logits(smollm2.config, _weights(smollm2), ids)
+    expected = naive_logits(smollm2.config, file_weights(smollm2), ids)
     got = _all_logits(smollm2.model, ids).numpy()
     assert np.abs(got - expected).max() < 2e-3
     assert (got.argmax(-1) == expected.argmax(-1)).all()
@@ -87,7 +83,7 @@ def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(tiny_mod
     monkeypatch.setattr("inference.batch.LONG_ROW_MIN", 16)
     model = tiny_model.model
     long, short = list(range(3, 203)), [1, 2, 3]
-    plan = BatchPlan.build([Chunk(0, 200, 1), Chunk(1, 3, 1), Chunk(2, 3, 1)], model.rope_table(torch.device("cpu")))
+    plan = model.plan([Chunk(0, 200, 1), Chunk(1, 3, 1), Chunk(2, 3, 1)])
     assert [(g.lo, g.hi, g.kv_len) for g in plan.groups] == [(1, 3, 4), (0, 1, 201)]
     cache = model.new_cache(3, 256)
     _forward(model, cache, [(Chunk(0, 0, 200), long), (Chunk(1, 0, 3), short)])
@@ -100,7 +96,7 @@ def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(tiny_mod
 
 def test_untied_output_weights_are_used(write_gguf: Any) -> None:
     loaded = load_model(str(write_gguf(tied_embeddings=False)), device="cpu", use_cache=False)
-    assert loaded.model.output.weight.data_ptr() != loaded.model.token_embd.weight.data_ptr()
+    assert loaded.model.output is not loaded.model.token_embd
     ids = [1, 30, 31]
-    expected = naive_logits(loaded.config, _weights(loaded), ids)
+    expected = naive_logits(loaded.config, file_weights(loaded), ids)
     assert np.allclose(_all_logits(loaded.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)

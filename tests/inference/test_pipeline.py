@@ -114,12 +114,11 @@ def test_every_level_gives_the_same_answer(tiny_pipeline: ChatPipeline, level: T
 
 
 def test_full_level_attention_matches_a_plain_recomputation(tiny_pipeline: ChatPipeline) -> None:
-    from naive_llama import naive_forward
+    from naive_llama import file_weights, naive_forward
 
     loaded = tiny_pipeline.loaded
     request = tiny_pipeline.prepare(MESSAGES, SamplingParams(temperature=0.0, max_tokens=1))
     prefill = next(e for e in tiny_pipeline.stream(request, TraceLevel.FULL) if isinstance(e, ForwardStep))
-    weights = {k: v.numpy() for k, v in loaded.model.state_dict().items()}
-    _, attention = naive_forward(loaded.config, weights, request.prompt.ids)
+    _, attention = naive_forward(loaded.config, file_weights(loaded), request.prompt.ids)
     assert prefill.detail is not None
     assert np.allclose(prefill.detail.attention.astype(np.float32), attention, atol=2e-3)

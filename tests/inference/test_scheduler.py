@@ -225,14 +225,14 @@ def test_idle_scheduler_has_no_work_and_gives_its_memory_back(tiny_model: Loaded
 REAL_TOPICS = ["a lighthouse keeper", "the moon", "a clockmaker", "a city under the sea", "an old violin", "a desert caravan"]
 
 
-@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-3), ("bfloat16", 0.5)])
-def test_the_real_model_batched_gives_each_request_its_own_greedy_answer(dtype: str, tolerance: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    """float32: batching changes nothing measurable. bfloat16 rounds differently for different batch shapes, so a
-    near-tie can flip; the test shows the two top logits at the first divergence were within `tolerance`."""
+@pytest.mark.parametrize("weights, tolerance", [("fp32", 1e-3), ("bf16", 0.5), ("int4", 0.5)])
+def test_the_real_model_batched_gives_each_request_its_own_greedy_answer(weights: str, tolerance: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32: batching changes nothing measurable. bfloat16 activations round differently for different batch
+    shapes, so a near-tie can flip; the test shows the two top logits at the first divergence were within `tolerance`."""
     from inference.loader import load_model
     from inference.pipeline import ChatPipeline
 
-    monkeypatch.setenv("ROUNDTRIP_DTYPE", dtype)
+    monkeypatch.setenv("ROUNDTRIP_WEIGHTS", weights)
     loaded = load_model(device="cpu")
     pipeline = ChatPipeline(loaded)
     requests = [

@@ -1,0 +1,286 @@
+"""How a linear layer's weight is kept in memory and multiplied: one small module per format.
+
+Decoding one token reads every weight once, so on a CPU its speed is set by the bytes a
+format reads per weight — and by whether torch has a kernel that multiplies that format
+without expanding it first. The formats:
+
+- `fp32`, `bf16`: dense, `F.linear`. bf16 halves the bytes; AMX or AVX512-BF16 make it fast.
+- `int8`: one signed byte per weight, a bf16 scale per output row; `torch._weight_int8pack_mm`.
+- `int4`: four bits per weight in groups of 32 with a scale and an offset each (`Q4Blocks`),
+  packed for `torch._weight_int4pack_mm_for_cpu`. A GGUF's own Q4_1 blocks (a scale and a
+  minimum per 32 weights) map onto it exactly, so the file's weights run as they are.
+
+The quantized kernels take bf16 inputs and give bf16 outputs, so every format but `fp32`
+multiplies in bf16; a projection casts its input to that, and the residual stream, norms
+and attention can stay in float32 around it. A `SizeDispatch` holds one weight in two formats and picks by how many rows it multiplies:
+a compact one for decode steps, a dense one for prompt chunks where the CPU's matrix units
+win (see `inference.weight_choice`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+GROUP = 32  # weights per int4 group: GGUF's Q4_0/Q4_1 block size
+
+
+class WeightFormat(str, Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """What a projection of this format multiplies in."""
+        return torch.float32 if self is WeightFormat.FP32 else torch.bfloat16
+
+    @property
+    def quantized(self) -> bool:
+        return self in (WeightFormat.INT8, WeightFormat.INT4)
+
+
+@dataclass
+class Q4Blocks:
+    """A weight [N, K] as 4-bit codes with a scale and a minimum per group of 32: w = code * scale + minimum."""
+
+    codes: Tensor  # uint8 [N, K], values 0..15
+    scales: Tensor  # float32 [N, K / 32]
+    minimums: Tensor  # float32 [N, K / 32]
+
+    @classmethod
+    def quantize(cls, weight: Tensor) -> Q4Blocks:
+        """Round a dense weight to 4 bits per weight, each group spanning its own minimum..maximum."""
+        n, k = weight.shape
+        groups = weight.float().reshape(n, k // GROUP, GROUP)  # [N, K/32, 32]
+        low, high = groups.amin(-1), groups.amax(-1)
+        scales = ((high - low) / 15).clamp(min=1e-12)
+        codes = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15).to(torch.uint8)
+        return cls(codes.reshape(n, k), scales, low)
+
+    @classmethod
+    def concat(cls, parts: list[Q4Blocks]) -> Q4Blocks:
+        """Stack weights along their outputs (fused projections)."""
+        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), torch.cat([p.minimums for p in parts]))
+
+    def dequantize(self) -> Tensor:
+        n, k = self.codes.shape
+        groups = self.codes.reshape(n, k // GROUP, GROUP).float()  # [N, K/32, 32]
+        return (groups * self.scales[..., None] + self.minimums[..., None]).reshape(n, k)
+
+
+class Projection(nn.Module):
+    """y = x @ W.T for one weight [out_features, in_features]; x is [rows, in_features], cast to the format's
+    compute dtype, and y comes back in it (adding it to a float32 residual stream promotes it for free)."""
+
+    format: WeightFormat
+    in_features: int
+    out_features: int
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.multiply(x.to(self.format.compute_dtype))
+
+    def multiply(self, x: Tensor) -> Tensor:
+        """x in the format's compute dtype."""
+        raise NotImplementedError
+
+    def rows(self, ids: Tensor) -> Tensor:
+        """Rows `ids` of the weight as float32 [*ids.shape, in_features]: embedding lookups, exact logits for a few tokens."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look up rows")
+
+    def state(self) -> dict[str, Any]:
+        """Tensors and settings that rebuild this projection (`restore`), for the weights cache."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.buffers())
+
+
+class Dense(Projection):
+    weight: Tensor
+
+    def __init__(self, weight: Tensor) -> None:
+        super().__init__()
+        self.format = WeightFormat.FP32 if weight.dtype == torch.float32 else WeightFormat.BF16
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+
+    def multiply(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+    def rows(self, ids: Tensor) -> Tensor:
+        return self.weight[ids].float()
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "dense", "weight": self.weight}
+
+
+class Int8(Projection):
+    """Symmetric int8 per output row."""
+
+    format = WeightFormat.INT8
+    weight: Tensor
+    scales: Tensor
+
+    def __init__(self, weight: Tensor, scales: Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)  # int8 [N, K]
+        self.register_buffer("scales", scales)  # bf16 [N]
+
+    @classmethod
+    def quantize(cls, weight: Tensor) -> Int8:
+        w = weight.float()
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # [N]
+        codes = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        return cls(codes, scales.to(torch.bfloat16))
+
+    def multiply(self, x: Tensor) -> Tensor:
+        return torch._weight_int8pack_mm(x, self.weight, self.scales)
+
+    def rows(self, ids: Tensor) -> Tensor:
+        return self.weight[ids].float() * self.scales[ids].float().unsqueeze(-1)
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "int8", "weight": self.weight, "scales": self.scales}
+
+
+class Int4(Projection):
+    """Groups of 32 with a scale and an offset, in the layout of torch's CPU int4 kernel."""
+
+    format = WeightFormat.INT4
+    packed: Tensor
+    scales_and_zeros: Tensor
+
+    def __init__(self, packed: Tensor, scales_and_zeros: Tensor, in_features: int) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = scales_and_zeros.shape[1]
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)  # bf16 [K/32, N, 2]
+
+    @classmethod
+    def from_blocks(cls, blocks: Q4Blocks) -> Int4:
+        """The kernel computes w = (code - 8) * scale + zero, so zero = minimum + 8 * scale: Q4_1 maps exactly
+        (up to rounding the scale and zero to bf16)."""
+        zeros = blocks.minimums + 8 * blocks.scales
+        scales_and_zeros = torch.stack([blocks.scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [K/32, N, 2]
+        packed = torch._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
+        return cls(packed, scales_and_zeros.to(torch.bfloat16), blocks.codes.shape[1])
+
+    def multiply(self, x: Tensor) -> Tensor:
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "int4", "packed": self.packed, "scales_and_zeros": self.scales_and_zeros, "in_features": self.in_features}
+
+
+class Int8Rows(nn.Module):
+    """A matrix kept for reading rows: 8-bit codes with a float32 scale per group of 32 (GGUF's Q8_0 layout,
+    so a Q8_0 tensor is kept exactly)."""
+
+    codes: Tensor
+    scales: Tensor
+
+    def __init__(self, codes: Tensor, scales: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("codes", codes)  # int8 [N, K]
+        self.register_buffer("scales", scales)  # float32 [N, K / group]
+
+    @classmethod
+    def quantize(cls, weight: Tensor) -> Int8Rows:
+        n, k = weight.shape
+        group = GROUP if k % GROUP == 0 else k
+        groups = weight.float().reshape(n, k // group, group)
+        scales = (groups.abs().amax(-1) / 127).clamp(min=1e-12)  # [N, K / group]
+        codes = (groups / scales[..., None]).round().clamp(-127, 127).to(torch.int8)
+        return cls(codes.reshape(n, k), scales)
+
+    def rows(self, ids: Tensor) -> Tensor:
+        codes = self.codes[ids].float()  # [*, K]
+        scales = self.scales[ids]  # [*, K / group]
+        return (codes.unflatten(-1, (scales.shape[-1], -1)) * scales.unsqueeze(-1)).flatten(-2)
+
+
+class Head(Projection):
+    """An output head that is also the embedding table: a fast projection ranks every token, and 8-bit rows
+    (the file's own Q8_0 values where it has them) give embeddings and exact logits for the likeliest tokens."""
+
+    def __init__(self, ranking: Projection, table: Int8Rows) -> None:
+        super().__init__()
+        self.ranking, self.table = ranking, table
+        self.format = ranking.format
+        self.in_features, self.out_features = ranking.in_features, ranking.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ranking(x)
+
+    def rows(self, ids: Tensor) -> Tensor:
+        return self.table.rows(ids)
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "head", "ranking": self.ranking.state(), "codes": self.table.codes, "scales": self.table.scales}
+
+
+class SizeDispatch(Projection):
+    """The same weight in two formats: `small` for up to `max_small_rows` rows (decode steps), `large` above."""
+
+    def __init__(self, small: Projection, large: Projection, max_small_rows: int) -> None:
+        super().__init__()
+        self.small, self.large, self.max_small_rows = small, large, max_small_rows
+        self.format = small.format
+        self.in_features, self.out_features = small.in_features, small.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.small(x) if x.shape[0] <= self.max_small_rows else self.large(x)
+
+    def rows(self, ids: Tensor) -> Tensor:
+        try:
+            return self.large.rows(ids)
+        except NotImplementedError:
+            return self.small.rows(ids)
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "dispatch", "small": self.small.state(), "large": self.large.state(), "max_small_rows": self.max_small_rows}
+
+
+def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None) -> Projection:
+    """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them)."""
+    if fmt is WeightFormat.INT4:
+        if blocks is None:
+            assert dense is not None
+            blocks = Q4Blocks.quantize(dense)
+        return Int4.from_blocks(blocks)
+    if dense is None:
+        assert blocks is not None
+        dense = blocks.dequantize()
+    if fmt is WeightFormat.INT8:
+        return Int8.quantize(dense)
+    return Dense(dense.to(fmt.compute_dtype).contiguous())
+
+
+def restore(state: dict[str, Any]) -> Projection:
+    kind = state["kind"]
+    if kind == "dense":
+        return Dense(state["weight"])
+    if kind == "int8":
+        return Int8(state["weight"], state["scales"])
+    if kind == "int4":
+        return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]))
+    if kind == "head":
+        return Head(restore(state["ranking"]), Int8Rows(state["codes"], state["scales"]))
+    if kind == "dispatch":
+        return SizeDispatch(restore(state["small"]), restore(state["large"]), int(state["max_small_rows"]))
+    raise ValueError(f"unknown projection kind {kind!r}")
+
+
+def supports_int4(out_features: int, in_features: int) -> bool:
+    """The CPU int4 kernel wants whole groups along the input and a multiple of its tile along the output."""
+    return in_features % GROUP == 0 and out_features % 16 == 0
