@@ -1,49 +1,52 @@
-"""Single-stream inference speed: prefill and decode tokens/s, beside llama.cpp on the same file.
+"""Single-stream speed and memory: each weight format at each trace level, served, and beside llama.cpp on the same file.
 
-    python benchmarks/bench_inference.py [--model PATH] [--llamacpp-python PATH]
+    python benchmarks/bench_inference.py [--weights auto,int4,bf16,fp32,int8] [--skip-server] [--llamacpp-python PATH]
 
-Our numbers come from the engine itself (prefill of a whole prompt; greedy decode with
-sampling, stop tokens disabled so every run decodes the same count), at each trace level.
-llama.cpp's come from `llama_cpp` in a subprocess (see llamacpp_side.py): by default the
-virtualenv built by ../shared/tools/llamacpp-reference, or this Python if it has llama_cpp.
+1. In-process, one child process per weight format (so each peak RSS is its own): prefill
+   tokens/s of a whole prompt per length, and greedy decode tokens/s of one request alone in
+   the scheduler (stop tokens ignored, so every run decodes the same count) at trace levels
+   off, summary and full.
+2. Served (`manage.py serve`, default settings): one streaming request through the API (SSE)
+   and one chat turn over the page's WebSocket at `summary`, timed on the client from first
+   to last token; the server's peak RSS.
+3. llama.cpp's prefill and decode on the same file (`llamacpp_side.py`, in the virtualenv that
+   ../shared/tools/llamacpp-reference builds).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference.batch import Chunk  # noqa: E402
-from inference.loader import LoadedModel, load_model  # noqa: E402
-from inference.params import SamplingParams  # noqa: E402
-from inference.scheduler import Scheduler  # noqa: E402
-from inference.sequence import SequenceRequest  # noqa: E402
-from inference.trace import Sampled, TraceLevel  # noqa: E402
+from inference.chat_template import Message  # noqa: E402
 
 DEFAULT_LLAMACPP_PYTHON = Path.home() / ".cache" / "llamacpp-reference" / "venv" / "bin" / "python"
 FILLER = (
     "The history of the printing press begins in the fifteenth century, when movable type changed how "
     "books were made, sold and read across Europe. "
 )
+STORY: list[Message] = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Tell me a long story about a dragon."}]
+LEVELS = ("off", "summary", "full")
 
 
-def prompt_ids(loaded: LoadedModel, length: int) -> list[int]:
-    """Real text, tokenized and cut to exactly `length` tokens."""
-    ids = loaded.tokenizer.encode(FILLER).ids
-    return (ids * (length // len(ids) + 1))[:length]
+def peak_rss_mib(pid: int | str = "self") -> float:
+    """VmHWM: the most resident memory the process ever held."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def median_time(fn: Any, repeats: int) -> float:
@@ -56,35 +59,110 @@ def median_time(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def prefill(loaded: LoadedModel, ids: list[int]) -> None:
-    """The whole prompt in one forward, into a fresh cache."""
-    model = loaded.model
-    plan = model.plan([Chunk(0, 0, len(ids))])
-    with torch.inference_mode():
-        model(torch.tensor(ids, device=loaded.device), plan, model.new_cache(1, len(ids)))
+def child(weights: str, lengths: list[int], n: int, repeats: int) -> dict[str, Any]:
+    """One weight format, in this process: load, prefill, decode at each level."""
+    import torch
+
+    from inference.batch import Chunk
+    from inference.loader import load_model
+    from inference.params import SamplingParams
+    from inference.scheduler import Scheduler
+    from inference.sequence import SequenceRequest
+    from inference.trace import Sampled, TraceLevel
+
+    loaded = load_model(weights=weights)
+    ids = loaded.tokenizer.encode(FILLER).ids
+
+    def prefill(length: int) -> None:
+        prompt = (ids * (length // len(ids) + 1))[:length]
+        with torch.inference_mode():
+            loaded.model(torch.tensor(prompt), loaded.model.plan([Chunk(0, 0, length)]), loaded.model.new_cache(1, length))
+
+    def decode_rate(level: TraceLevel) -> float:
+        scheduler = Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes)
+        prompt = loaded.chat_template.render(STORY).ids
+        scheduler.add(SequenceRequest("bench", prompt, SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), level))
+        times: list[float] = []
+        while len(times) < n + 1:
+            times += [e.t for output in scheduler.step() for e in output.events if isinstance(e, Sampled)]
+        return n / (times[-1] - times[0])
+
+    prefill_rates = {str(length): length / median_time(lambda length=length: prefill(length), repeats) for length in lengths}
+    decode_rate(TraceLevel.OFF)  # warm-up
+    decode: dict[str, list[float]] = {level: [] for level in LEVELS}
+    for _ in range(repeats):  # levels interleaved, so a noisy moment does not land on one level alone
+        for level in LEVELS:
+            decode[level].append(decode_rate(TraceLevel(level)))
+    return {"weights": loaded.weights_description, "load_seconds": loaded.load_seconds, "prefill": prefill_rates,
+            "decode": {level: statistics.median(rates) for level, rates in decode.items()}, "peak_rss_mib": peak_rss_mib()}
 
 
-def decode_times(loaded: LoadedModel, prompt: list[int], n: int, level: TraceLevel) -> list[float]:
-    """One request alone in the scheduler, greedy, ending tokens ignored: when each of its n + 1 tokens was sampled."""
-    scheduler = Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes)
-    scheduler.add(SequenceRequest("bench", prompt, SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), level))
-    times: list[float] = []
-    while len(times) < n + 1:
-        times += [e.t for output in scheduler.step() for e in output.events if isinstance(e, Sampled)]
-    return times
+def run_child(weights: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    command = [sys.executable, __file__, "--child", weights, "--prompt-tokens", args.prompt_tokens,
+               "--decode-tokens", str(args.decode_tokens), "--repeats", str(args.repeats)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        print(f"{weights}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  {weights:<6} {result['weights']}: decode off {result['decode']['off']:.1f} tok/s, peak RSS {result['peak_rss_mib']:.0f} MiB",
+          file=sys.stderr, flush=True)
+    return result
 
 
-def bench_ours(loaded: LoadedModel, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int) -> dict[str, Any]:
-    rates = {name: len(ids) / median_time(lambda ids=ids: prefill(loaded, ids), repeats) for name, ids in prompts.items()}
-    decode = {}
-    for level in TraceLevel:
-        runs = [decode_times(loaded, decode_prompt, n, level) for _ in range(repeats)]
-        decode[level.value] = statistics.median(n / (times[-1] - times[0]) for times in runs)
-    return {"prefill": rates, "decode": decode}
+async def served(n: int) -> dict[str, Any]:
+    """Start the server as a user would (default settings), stream one request over SSE and one over the page's socket."""
+    import httpx2 as httpx
+    import websockets
+
+    from benchmarks.bench_serving import free_port, stop, wait_for
+
+    workdir = Path(tempfile.mkdtemp(prefix="roundtrip-bench-"))
+    env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"), "PYTHONUNBUFFERED": "1"}
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
+    key = subprocess.run([python, "manage.py", "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0"],
+                         cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout.strip().split()[-1]
+    port = free_port()
+    log = workdir / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(url, process, log)
+
+        async def sse() -> float:
+            body = {"model": "smollm2", "messages": STORY, "temperature": 0, "max_tokens": n + 1, "ignore_eos": True, "stream": True}
+            stamps = []
+            async with httpx.AsyncClient(timeout=300) as client:
+                async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {") and '"content"' in line and '"content":""' not in line.replace(" ", ""):
+                            stamps.append(time.perf_counter())
+            return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+        async def socket() -> float:
+            stamps = []
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws/pipeline/", origin=url, max_size=None) as ws:  # type: ignore[arg-type]
+                await ws.send(json.dumps({"type": "chat", "messages": STORY, "level": "summary", "params": {"temperature": 0, "max_tokens": n + 1}}))
+                async for raw in ws:
+                    frame = json.loads(raw)
+                    if frame["type"] == "trace" and frame["event"]["event"] == "sampled":
+                        stamps.append(time.perf_counter())
+                    if frame["type"] in ("done", "error"):
+                        break
+            return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+        await sse()  # warm-up
+        sse_rates = [await sse() for _ in range(3)]
+        socket_rates = [await socket() for _ in range(3)]
+        return {"sse": statistics.median(sse_rates), "websocket_summary": statistics.median(socket_rates), "peak_rss_mib": peak_rss_mib(process.pid)}
+    finally:
+        stop(process)
 
 
-def bench_llamacpp(python: str, model: str, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int) -> dict[str, Any] | None:
-    job = {"model": model, "prompts": prompts, "decode_prompt": decode_prompt, "decode_tokens": n, "repeats": repeats, "threads": torch.get_num_threads()}
+def bench_llamacpp(python: str, model: str, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int, threads: int) -> dict[str, Any] | None:
+    job = {"model": model, "prompts": prompts, "decode_prompt": decode_prompt, "decode_tokens": n, "repeats": repeats, "threads": threads}
     try:
         done = subprocess.run([python, str(Path(__file__).with_name("llamacpp_side.py"))], input=json.dumps(job), capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -102,51 +180,74 @@ def find_llamacpp_python(requested: str | None) -> str | None:
         return None
     if requested:
         return requested
-    if DEFAULT_LLAMACPP_PYTHON.exists():
-        return str(DEFAULT_LLAMACPP_PYTHON)
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return None
-    return sys.executable
+    return str(DEFAULT_LLAMACPP_PYTHON) if DEFAULT_LLAMACPP_PYTHON.exists() else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--weights", default="auto,int4,bf16,fp32,int8", help="weight formats (ROUNDTRIP_WEIGHTS values), comma-separated")
     parser.add_argument("--prompt-tokens", default="27,128,512", help="prefill lengths, comma-separated")
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-server", action="store_true", help="skip the served (SSE, WebSocket) measurements")
     parser.add_argument("--llamacpp-python", help="a Python with llama_cpp ('none' to skip)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    loaded = load_model(args.model)
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
-    prompts = {str(n): prompt_ids(loaded, n) for n in lengths}
-    decode_prompt = loaded.chat_template.render(
-        [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Tell me a long story about a dragon."}]
-    ).ids
-    ours = bench_ours(loaded, prompts, decode_prompt, args.decode_tokens, args.repeats)
+    if args.child:
+        print(json.dumps(child(args.child, lengths, args.decode_tokens, args.repeats)))
+        return
+
+    import torch
+
+    from inference.loader import default_model_path
+    from inference.gguf_file import GGUFFile
+    from inference.tokenizer import BPETokenizer
+    from inference.chat_template import ChatTemplate
+
+    path = default_model_path()
+    gguf = GGUFFile(path)
+    tokenizer = BPETokenizer(gguf.tokenizer_data(), path)
+    filler = tokenizer.encode(FILLER).ids
+    prompts = {str(n): (filler * (n // len(filler) + 1))[:n] for n in lengths}
+    decode_prompt = ChatTemplate(gguf.metadata["tokenizer.chat_template"], tokenizer, path=path).render(STORY).ids
+
+    results = {w: r for w in args.weights.split(",") if (r := run_child(w, args)) is not None}
+    server = None if args.skip_server else asyncio.run(served(args.decode_tokens))
     python = find_llamacpp_python(args.llamacpp_python)
-    theirs = bench_llamacpp(python, loaded.path, prompts, decode_prompt, args.decode_tokens, args.repeats) if python else None
+    theirs = bench_llamacpp(python, path, prompts, decode_prompt, args.decode_tokens, args.repeats, torch.get_num_threads()) if python else None
+    report(results, server, theirs, lengths, args.decode_tokens, path)
 
-    print(f"model: {loaded.path}")
-    print(f"ours: torch {torch.__version__} on {loaded.device} ({str(loaded.dtype).removeprefix('torch.')}), {torch.get_num_threads()} threads; "
-          f"load {loaded.load_seconds:.2f}s{' (cache)' if loaded.from_cache else ''}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    ref = f"llama.cpp {theirs['version']}" if theirs else "llama.cpp (not installed)"
-    print(f"\n{'tokens/s':<34}{'roundtrip':>12}{ref:>28}{'ratio':>8}")
 
-    def row(label: str, mine: float, other: float | None) -> None:
-        other_s = f"{other:>28.1f}" if other else f"{'-':>28}"
-        ratio = f"{mine / other:>8.2f}" if other else f"{'':>8}"
-        print(f"{label:<34}{mine:>12.1f}{other_s}{ratio}")
+def report(results: dict[str, dict[str, Any]], server: dict[str, Any] | None, theirs: dict[str, Any] | None, lengths: list[int], n: int, path: str) -> None:
+    import torch
 
-    for n in lengths:
-        row(f"prefill, {n}-token prompt", ours["prefill"][str(n)], theirs["prefill"][str(n)] if theirs else None)
-    for level, rate in ours["decode"].items():
-        row(f"decode {args.decode_tokens} tokens, trace {level}", rate, theirs["decode"] if theirs and level == "off" else None)
-    off = ours["decode"]["off"]
-    print(f"\ntrace cost on decode: summary {100 * (off / ours['decode']['summary'] - 1):+.1f}%, full {100 * (off / ours['decode']['full'] - 1):+.1f}% time per token")
+    ref = f"llama.cpp {theirs['version']}" if theirs else "llama.cpp: not built"
+    print(f"\nmodel {path}\ntorch {torch.__version__}, {torch.get_num_threads()} threads; {ref}; tokens/s, higher is better")
+    names = list(results)
+    print(f"\n{'':<30}" + "".join(f"{w:>12}" for w in names) + f"{'llama.cpp':>12}")
+    print(f"{'format':<30}" + "".join(f"{results[w]['weights'].split(',')[0]:>12}" for w in names))
+
+    def row(label: str, values: list[float | None], other: float | None = None) -> None:
+        cells = "".join(f"{v:>12.1f}" if v is not None else f"{'-':>12}" for v in values)
+        print(f"{label:<30}{cells}" + (f"{other:>12.1f}" if other else f"{'-':>12}"))
+
+    for length in lengths:
+        row(f"prefill {length} tokens", [results[w]["prefill"][str(length)] for w in names], theirs["prefill"][str(length)] if theirs else None)
+    for level in LEVELS:
+        row(f"decode {n}, trace {level}", [results[w]["decode"][level] for w in names], theirs["decode"] if theirs and level == "off" else None)
+    row("peak RSS, MiB (lower is better)", [results[w]["peak_rss_mib"] for w in names])
+    print()
+    for w in names:
+        d = results[w]["decode"]
+        ratio = f", decode at summary / llama.cpp {d['summary'] / theirs['decode']:.2f}x" if theirs else ""
+        print(f"{w} ({results[w]['weights']}): trace cost summary {100 * (d['off'] / d['summary'] - 1):+.1f}%, "
+              f"full {d['off'] / d['full']:.2f}x the time of off{ratio}")
+    if server is not None:
+        base = results.get("auto", next(iter(results.values())))["decode"]
+        print(f"\nserved (default settings): SSE {server['sse']:.1f} tok/s ({server['sse'] / base['off']:.0%} of in-process off), "
+              f"WebSocket at summary {server['websocket_summary']:.1f} tok/s ({server['websocket_summary'] / base['summary']:.0%} of in-process summary), "
+              f"server peak RSS {server['peak_rss_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

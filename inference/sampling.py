@@ -140,25 +140,22 @@ class Sampler:
         removed_names = (None, "top_k", "top_p", "min_p")
         eos = float((logits[self._stop_ids] - log_z).exp().sum()) if len(self._stop_ids) else 0.0
         if order is None or keep is None or final is None:  # greedy: the top token is certain
-            adjusted_log_z = torch.logsumexp(adjusted, dim=-1)
-            ids = torch.topk(adjusted, top_n).indices.tolist()
+            ids = torch.topk(adjusted, top_n).indices
+            raw = (logits[ids] - log_z).exp().tolist()
+            kept = (adjusted[ids] - torch.logsumexp(adjusted, dim=-1)).exp().tolist()
             candidates = [
-                Candidate(i, float((logits[i] - log_z).exp()), float((adjusted[i] - adjusted_log_z).exp()),
-                          None if r == 0 else "greedy", 1.0 if r == 0 else 0.0)
-                for r, i in enumerate(ids)
+                Candidate(i, raw[r], kept[r], None if r == 0 else "greedy", 1.0 if r == 0 else 0.0) for r, i in enumerate(ids.tolist())
             ]
             return SamplingDetail(candidates=candidates, draw=None, kept=1, eos_prob=eos)
         scaled = adjusted / self.params.temperature
-        scaled_log_z = torch.logsumexp(scaled, dim=-1)
+        ids = order[:top_n]
+        raw = (logits[ids] - log_z).exp().tolist()
+        scaled_probs = (scaled[ids] - torch.logsumexp(scaled, dim=-1)).exp().tolist()
+        removed = keep[:top_n].tolist()
+        finals = final[:top_n].tolist()
         candidates = [
-            Candidate(
-                token_id=int(order[r]),
-                raw_prob=float((logits[order[r]] - log_z).exp()),
-                adjusted_prob=float((scaled[order[r]] - scaled_log_z).exp()),
-                removed_by=removed_names[int(keep[r])],
-                final_prob=float(final[r]),
-            )
-            for r in range(min(top_n, order.shape[0]))
+            Candidate(token_id=i, raw_prob=raw[r], adjusted_prob=scaled_probs[r], removed_by=removed_names[removed[r]], final_prob=finals[r])
+            for r, i in enumerate(ids.tolist())
         ]
         return SamplingDetail(candidates=candidates, draw=draw, kept=self._kept(keep, logits.shape[0]), eos_prob=eos)
 
