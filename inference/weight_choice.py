@@ -2,38 +2,43 @@
 
 Settings: `fp32`, `bf16`, `int8`, `int4`; `DECODE+PREFILL` (e.g. `int4+bf16`) to keep a second
 copy for multiplying many rows at once; `auto` (the default). On CUDA `auto` is bf16. On a CPU
-the ranking depends on the chip — on one with AMX bf16 dense wins for prompt-sized batches
-while int4 wins for decode steps; on one without, bf16 may be emulated and slow — so `auto`
+the ranking depends on the chip (with AMX, bf16 is fast for prompt-sized batches and int4's
+eager kernel for decode steps; without AVX512-BF16, bf16 is emulated and slow), so `auto`
 times each format on matrices of this model's shapes (under a second) and keeps:
 
 - for decode steps, the format fastest at one row;
-- above some row count, another format if it is clearly faster for
-  prompt-sized batches; `max_decode_rows` is the last measured size where the decode format
-  still keeps up. This doubles the weights' memory, which `int4` alone avoids.
+- int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
+  beats the eager int4 kernel — the same weights in a second layout;
+- above some row count, another format, only if it is still clearly faster for prompt-sized
+  batches; `max_decode_rows` is the last measured size where the decode format keeps up.
+  A second format costs its weights' memory again.
 
-The decision is remembered per CPU, torch version and model shape (`remember`), so a
-restart loads the same cached weights instead of measuring again.
+The decision is remembered per CPU, torch version and model shape, so a restart loads the same
+cached weights instead of measuring again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
 
+from inference import int4_gemm
 from inference.config import ModelConfig
-from inference.weights import Head, Int8, Int8Rows, Projection, Q4Blocks, SizeDispatch, WeightFormat, build, supports_int4
+from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, SizeDispatch, WeightFormat, build, supports_int4
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_ROWS = 64
 CLEAR_WIN = 1.3  # a second format must be this much faster on prompt-sized batches to be worth its memory
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
+
+Kernels = dict[int4_gemm.Shape, int4_gemm.Kernel]
 
 
 @dataclass(frozen=True)
@@ -41,32 +46,35 @@ class WeightPlan:
     decode: WeightFormat
     prefill: WeightFormat | None = None
     max_decode_rows: int = 0  # with a prefill format: batches of more rows than this use it
+    tiled_above: int = 0  # int4 batches of more rows than this use the compiled GEMM (0: never)
 
     @property
     def key(self) -> str:
-        return self.decode.value if self.prefill is None else f"{self.decode.value}+{self.prefill.value}@{self.max_decode_rows}"
+        key = self.decode.value if self.prefill is None else f"{self.decode.value}+{self.prefill.value}@{self.max_decode_rows}"
+        return key + ("+tiled" if self.tiled_above else "")
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The dtype of the decode format's multiplications (and of a kept embedding)."""
+        """The dtype of the decode format's multiplications."""
         return self.decode.compute_dtype
 
     def uses(self, fmt: WeightFormat) -> bool:
         return fmt in (self.decode, self.prefill)
 
     def describe(self) -> str:
-        head = " (head: int8 rows)" if self.decode.quantized else ""
-        if self.prefill is None:
-            return self.decode.value + head
-        return f"{self.decode.value}, {self.prefill.value} above {self.max_decode_rows} rows{head}"
+        text = self.decode.value
+        if self.tiled_above:
+            text += f" (compiled AMX GEMM above {self.tiled_above} rows)"
+        if self.prefill is not None:
+            text += f", {self.prefill.value} above {self.max_decode_rows} rows"
+        return text + (", head int8 rows" if self.decode.quantized else "")
 
     def build(self, dense: Tensor, blocks: Q4Blocks | None = None) -> Projection:
         """One weight in this plan: a 4-bit format falls back to int8 for shapes its kernel cannot take."""
-        small = _build_one(self.decode, dense, blocks)
+        small = self._build_one(self.decode, dense, blocks)
         if self.prefill is None:
             return small
-        return SizeDispatch(small, _build_one(self.prefill, dense, blocks), self.max_decode_rows)
-
+        return SizeDispatch(small, self._build_one(self.prefill, dense, blocks), self.max_decode_rows)
 
     def build_head(self, dense: Tensor, q8: tuple[Tensor, Tensor] | None = None) -> Projection:
         """The output head / embedding table (see `inference.model_weights`): dense in a dense plan; beside
@@ -74,13 +82,19 @@ class WeightPlan:
         if not self.decode.quantized:
             return self.build(dense)
         table = Int8Rows(*q8) if q8 is not None else Int8Rows.quantize(dense)
-        return Head(_build_one(self.decode, dense, None), table)
+        return Head(self._build_one(self.decode, dense, None), table)
+
+    def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None) -> Projection:
+        if fmt is WeightFormat.INT4 and not supports_int4(*dense.shape):
+            return Int8.quantize(dense)
+        return build(fmt, dense, blocks, tiled=bool(self.tiled_above))
 
 
-def _build_one(fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None) -> Projection:
-    if fmt is WeightFormat.INT4 and not supports_int4(*dense.shape):
-        return Int8.quantize(dense)
-    return build(fmt, dense, blocks)
+def model_shapes(config: ModelConfig) -> list[int4_gemm.Shape]:
+    """(out, in) of every projection: fused QKV, attention output, fused gate/up, down, and the head."""
+    c = config
+    return [(c.dim + 2 * c.n_kv_heads * c.head_dim, c.dim), (c.dim, c.n_heads * c.head_dim), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim),
+            (c.vocab_size, c.dim)]
 
 
 def parse(setting: str, device: torch.device) -> WeightPlan | None:
@@ -103,53 +117,59 @@ def parse(setting: str, device: torch.device) -> WeightPlan | None:
     return WeightPlan(formats[0])
 
 
-def choose(config: ModelConfig, device: torch.device, setting: str, cache_dir: Path | None = None) -> WeightPlan:
-    """The plan for this model on this device: the setting's, else remembered, else measured (and remembered)."""
+def choose(
+    config: ModelConfig, device: torch.device, setting: str, cache_dir: Path | None = None, report: Callable[[str], None] = lambda note: None
+) -> tuple[WeightPlan, Kernels | None]:
+    """The plan for this model on this device — the setting's, else remembered, else measured (and remembered) —
+    and the compiled int4 GEMM kernels when the plan uses them."""
     plan = parse(setting, device)
-    if plan is not None:
-        return plan
     if device.type != "cpu":
-        return WeightPlan(WeightFormat.BF16)
-    memo = _memo_path(config, cache_dir) if cache_dir is not None else None
-    if memo is not None and memo.exists():
-        try:
-            saved = json.loads(memo.read_text())
-            prefill = WeightFormat(saved["prefill"]) if saved["prefill"] else None
-            return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]))
-        except (OSError, ValueError, KeyError):
-            pass
-    timings = measure(config)
-    plan = decide(timings)
+        return plan or WeightPlan(WeightFormat.BF16), None
+    if plan is not None and not plan.uses(WeightFormat.INT4):
+        return plan, None
+    kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None else None
+    if plan is not None and kernels is None:
+        return plan, None
+    memo = _memo_path(config, cache_dir, setting, kernels is not None) if cache_dir is not None else None
+    remembered = _recall(memo)
+    if remembered is not None:
+        return remembered, kernels if remembered.tiled_above else None
+    report("measuring which weight format is fastest on this CPU")
+    timings, tiled = measure(config, kernels)
+    if plan is None:
+        plan = decide(timings, tiled)
+    elif tiled and plan.uses(WeightFormat.INT4):
+        plan = WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _tiled_above(timings, tiled))
     if memo is not None:
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            memo.write_text(json.dumps({"decode": plan.decode.value, "prefill": plan.prefill.value if plan.prefill else None,
-                                        "max_decode_rows": plan.max_decode_rows,
-                                        "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()}}))
-        except OSError:
-            pass
-    return plan
+        _remember(memo, plan, timings, tiled)
+    return plan, kernels if plan.tiled_above else None
 
 
 Timings = dict[WeightFormat, dict[int, float]]  # seconds for one sample of layers, by format and row count
 
 
-def measure(config: ModelConfig, rows: tuple[int, ...] = ROWS) -> Timings:
-    """Time each format on a few layers' worth of matrices of this model's shapes, at each row count."""
+def measure(config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int, ...] = ROWS) -> tuple[Timings, dict[int, float]]:
+    """Time each format on a few layers' worth of matrices of this model's shapes, at each row count;
+    and int4 through the compiled GEMM (from 2 rows) when `kernels` are given."""
     c = config
-    shapes = [(c.dim + 2 * c.n_kv_heads * c.head_dim, c.dim), (c.dim, c.n_heads * c.head_dim), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)]
     generator = torch.Generator().manual_seed(0)
-    dense = [torch.randn(s, generator=generator) * 0.02 for _ in range(min(SAMPLE_LAYERS, c.n_layers)) for s in shapes]
+    dense = [torch.randn(s, generator=generator) * 0.02 for _ in range(min(SAMPLE_LAYERS, c.n_layers)) for s in model_shapes(c)[:4]]
     timings: Timings = {}
+    tiled: dict[int, float] = {}
     for fmt in WeightFormat:
         if fmt is WeightFormat.INT4 and not all(supports_int4(*d.shape) for d in dense):
             continue
         try:
-            projections = [build(fmt, d) for d in dense]
-            timings[fmt] = {n: _time(projections, torch.randn(n, c.dim), c) for n in rows}
+            projections = [build(fmt, d, tiled=kernels is not None) for d in dense]
         except RuntimeError:  # a kernel this build of torch lacks on this CPU
             continue
-    return timings
+        timings[fmt] = {n: _time(projections, torch.randn(n, c.dim), c) for n in rows}
+        if fmt is WeightFormat.INT4 and kernels is not None:
+            for p in projections:
+                if isinstance(p, Int4) and (p.out_features, p.in_features) in kernels:
+                    p.attach(kernels[(p.out_features, p.in_features)], 1, check=False)
+            tiled = {n: _time(projections, torch.randn(n, c.dim), c) for n in rows if n > 1}
+    return timings, tiled
 
 
 def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> float:
@@ -168,28 +188,51 @@ def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> floa
     return best
 
 
-def decide(timings: Timings) -> WeightPlan:
-    """The fastest format at one row for decoding; a second for prompt-sized batches when it clearly wins there."""
+def _tiled_above(timings: Timings, tiled: dict[int, float]) -> int:
+    """The last measured row count at which the eager int4 kernel is still at least as fast as the compiled GEMM."""
+    eager = timings[WeightFormat.INT4]
+    return max((n for n in sorted(eager) if n not in tiled or eager[n] <= tiled[n]), default=1)
+
+
+def decide(timings: Timings, tiled: dict[int, float] | None = None) -> WeightPlan:
+    """The fastest format at one row for decoding (with int4's compiled GEMM for larger batches where it helps);
+    a second format for prompt-sized batches only when it is still clearly faster there."""
     decode = min(timings, key=lambda f: timings[f][1])
-    prefill = min(timings, key=lambda f: timings[f][PREFILL_ROWS])
-    if prefill is decode or timings[decode][PREFILL_ROWS] < CLEAR_WIN * timings[prefill][PREFILL_ROWS]:
-        return WeightPlan(decode)
-    keeps_up = [n for n in sorted(timings[decode]) if timings[decode][n] <= timings[prefill][n]]
-    return WeightPlan(decode, prefill, max(keeps_up, default=1))
+    tiled_above = _tiled_above(timings, tiled) if tiled and decode is WeightFormat.INT4 else 0
+    effective = dict(timings)
+    if tiled_above:
+        effective[decode] = {n: min(t, tiled.get(n, t)) for n, t in timings[decode].items()}  # type: ignore[union-attr]
+    prefill = min(effective, key=lambda f: effective[f][PREFILL_ROWS])
+    if prefill is decode or effective[decode][PREFILL_ROWS] < CLEAR_WIN * effective[prefill][PREFILL_ROWS]:
+        return WeightPlan(decode, tiled_above=tiled_above)
+    keeps_up = [n for n in sorted(effective[decode]) if effective[decode][n] <= effective[prefill][n]]
+    return WeightPlan(decode, prefill, max(keeps_up, default=1), tiled_above)
 
 
-def _memo_path(config: ModelConfig, cache_dir: Path) -> Path:
-    cpu = _cpu_name()
-    key = f"{cpu}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|{config.n_kv_heads}"
+def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, tiled: bool) -> Path:
+    key = (f"{int4_gemm._cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|"
+           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{tiled}")
     return cache_dir / f"weight-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def _cpu_name() -> str:
+def _recall(memo: Path | None) -> WeightPlan | None:
+    if memo is None or not memo.exists():
+        return None
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        saved = json.loads(memo.read_text())
+        prefill = WeightFormat(saved["prefill"]) if saved["prefill"] else None
+        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["tiled_above"]))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _remember(memo: Path, plan: WeightPlan, timings: Timings, tiled: dict[int, float]) -> None:
+    """The decision and the measurements behind it (milliseconds), for the next start and for curious people."""
+    record = {"decode": plan.decode.value, "prefill": plan.prefill.value if plan.prefill else None, "max_decode_rows": plan.max_decode_rows,
+              "tiled_above": plan.tiled_above, "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
+              "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in tiled.items()}}
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(json.dumps(record))
     except OSError:
         pass
-    return platform.processor() or platform.machine()
-
