@@ -186,16 +186,16 @@ class Transformer(nn.Module):
         rows = plan.last_tokens if logits_for is None else logits_for
         return self.logits(x[rows])  # [n, V]
 
-    def logits(self, h: Tensor) -> Tensor:
+    def logits(self, h: Tensor, refine: bool = True) -> Tensor:
         """float32 logits [n, V] from residual streams h [n, dim] (the last layer's, or any layer's for the logit lens).
 
         A head that multiplies in bfloat16 rounds its outputs to 8 significant bits (steps of 0.125 at
         logit 20), which makes false ties between the likeliest tokens; their logits are recomputed
-        in float32 from the head's own rows, so the choice and the top probabilities are exact.
+        in float32 from the head's own rows (`refine`), so the choice and the top probabilities are exact.
         """
         normed = rms_norm(h.to(self.dtype), self.output_norm, self.config.norm_eps)  # [n, dim]
         logits = self.output(normed).float()  # [n, V]
-        if self.output.format.compute_dtype == torch.float32:
+        if not refine or self.output.format.compute_dtype == torch.float32:
             return logits
         row, token = (logits >= logits.amax(dim=-1, keepdim=True) - REFINE_MARGIN).nonzero(as_tuple=True)  # [m] each
         logits[row, token] = (self.output.rows(token) * normed[row].float()).sum(dim=-1)  # [m, dim] -> [m]

@@ -27,7 +27,7 @@ from inference.errors import InferenceError, InvalidRequestError
 from inference.kv_cache import round_capacity
 from inference.model import Transformer
 from inference.prefix_cache import PrefixCache
-from inference.probe import LayerProbe
+from inference.probe import LayerProbe, lens_layers
 from inference.sequence import Phase, SequenceRequest, SequenceState
 from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
 
@@ -245,7 +245,7 @@ class Scheduler:
         Lets a page ask, after the fact, for the attention of any token of a finished run
         (which was traced at summary level, or beyond the live position budget).
         """
-        probe = LayerProbe()
+        probe = LayerProbe(lens_layers(self.model.config.n_layers, None))
         cache = self.model.new_cache(1, len(ids))
         plan = self.model.plan([Chunk(0, 0, len(ids))])
         self.model(torch.tensor(list(ids), device=self.device), plan, cache, {len(ids) - 1: probe})

@@ -79,12 +79,13 @@ class LayerDetail:
 
     attention: [layers, heads, kv_len] float16 weights of the newest query over every cached position;
     residual_norms: L2 norm of the residual stream entering each layer, then after the last one;
-    logit_lens: per layer, (token id, probability) of the top guess read through the final norm and head.
+    logit_lens: (layer, token id, probability) of the top guess read through the final norm and head, for the
+    layers looked at (live: a few evenly spaced ones and the last; recomputed on demand: every layer).
     """
 
     attention: np.ndarray
     residual_norms: list[float]
-    logit_lens: list[tuple[int, float]]
+    logit_lens: list[tuple[int, int, float]]
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def detail_to_dict(detail: LayerDetail, tokenizer: BPETokenizer, budget: int = A
     return {
         "attention": attention_to_dict(detail.attention, budget),
         "residual_norms": detail.residual_norms,
-        "logit_lens": [{"id": i, "token": tokenizer.token_text(i), "prob": p} for i, p in detail.logit_lens],
+        "logit_lens": [{"layer": layer, "id": i, "token": tokenizer.token_text(i), "prob": p} for layer, i, p in detail.logit_lens],
     }
 
 

@@ -197,7 +197,7 @@ function drawFull(run, detail) {
   normChart ??= new NormChart(field("forward", "norms"));
   normChart.update(detail.residual_norms);
   field("forward", "lens").replaceChildren(
-    ...detail.logit_lens.map((g, i) => el("li", { title: `layer ${i}` }, `${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)),
+    ...detail.logit_lens.map((g) => el("li", { title: `after layer ${g.layer}` }, `${g.layer}: ${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)),
   );
 }
 
@@ -339,7 +339,7 @@ export function inspectionView(detail) {
   const picker = el("label", {}, "Layer ");
   picker.append(pick, label);
   const lens = el("ol", { class: "lens" });
-  detail.logit_lens.forEach((g, i) => lens.append(el("li", { title: `layer ${i}` }, `${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)));
+  detail.logit_lens.forEach((g) => lens.append(el("li", { title: `after layer ${g.layer}` }, `${g.layer}: ${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)));
   box.append(picker, canvas, el("p", { class: "muted" }, "logit lens, layer by layer"), lens);
   paint();
   return box;

@@ -96,7 +96,7 @@ def test_full_level_adds_attention_norms_and_logit_lens(tiny_pipeline: ChatPipel
         assert len(step.detail.logit_lens) == config.n_layers
     # The last layer's logit-lens guess is the model's own prediction: greedy picks it.
     prefill = steps[0].detail
-    assert prefill is not None and prefill.logit_lens[-1][0] == first.token_id
+    assert prefill is not None and prefill.logit_lens[-1][1] == first.token_id
 
 
 def test_timings_add_up(tiny_pipeline: ChatPipeline) -> None:

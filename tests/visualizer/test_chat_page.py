@@ -54,7 +54,7 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: 
     assert "27 prompt tokens" in page.inner_text('#stage-context [data-field="fill-text"]')
     # 5. forward pass with the full-level pictures
     assert page.locator("#stage-forward .layer").count() == 30
-    assert page.locator('#stage-forward [data-field="lens"] li').count() == 30
+    assert page.locator('#stage-forward [data-field="lens"] li').count() == 10  # live: every third layer; on demand: all 30
     assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
     assert "decoded together with" in page.inner_text('#stage-forward [data-field="batch"]')
     assert page.locator('#stage-forward [data-field="steps"] canvas').count() >= 1  # the step timeline

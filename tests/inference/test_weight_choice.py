@@ -1,0 +1,54 @@
+"""Choosing the weight format: from the setting, or from measurements (synthetic timings here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.weight_choice import WeightPlan, decide, parse
+from inference.weights import WeightFormat as F
+
+CPU = torch.device("cpu")
+
+
+def _timings(**per_format: tuple[float, float]) -> dict[F, dict[int, float]]:
+    """(time at 1 row, time at 64 rows) per format, spread linearly over the measured row counts."""
+    rows = (1, 2, 4, 8, 16, 32, 64)
+    return {F(name): {n: one + (many - one) * (n - 1) / 63 for n in rows} for name, (one, many) in per_format.items()}
+
+
+def test_it_decodes_in_the_format_fastest_at_one_row() -> None:
+    assert decide(_timings(fp32=(4, 9), bf16=(3, 8), int4=(1, 8.5))) == WeightPlan(F.INT4)
+
+
+def test_a_second_format_joins_only_when_clearly_faster_for_prompts() -> None:
+    plan = decide(_timings(bf16=(3, 3.5), int4=(1, 12)))
+    assert (plan.decode, plan.prefill) == (F.INT4, F.BF16)
+    assert 1 <= plan.max_decode_rows < 64
+    assert decide(_timings(bf16=(3, 10), int4=(1, 12))).prefill is None  # 1.2x faster is not worth the memory
+
+
+def test_int4s_compiled_gemm_takes_the_batches_where_it_is_faster_and_spares_a_second_copy() -> None:
+    timings = _timings(bf16=(3, 3.5), int4=(1, 12))
+    tiled = {2: 1.5, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.3, 64: 3.0}  # slower than eager int4 up to 4 rows
+    plan = decide(timings, tiled)
+    assert plan.decode is F.INT4 and plan.prefill is None
+    assert plan.tiled_above == 4  # eager int4 at 4 rows: 1.52 < 1.6
+    assert "compiled AMX GEMM above 4 rows" in plan.describe()
+
+
+@pytest.mark.parametrize("setting, plan", [("int4", WeightPlan(F.INT4)), ("BF16", WeightPlan(F.BF16)), ("int4+bf16", WeightPlan(F.INT4, F.BF16, 16)),
+                                           ("auto", None), ("", None)])
+def test_it_reads_the_setting(setting: str, plan: WeightPlan | None) -> None:
+    assert parse(setting, CPU) == plan
+
+
+@pytest.mark.parametrize("setting, message", [("int3", "use auto, one of"), ("int4+bf16+fp32", "at most two")])
+def test_it_refuses_settings_it_cannot_run(setting: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(setting, CPU)
+
+
+def test_quantized_formats_are_refused_on_a_gpu() -> None:
+    with pytest.raises(ValueError, match="run on the CPU"):
+        parse("int4", torch.device("cuda"))
