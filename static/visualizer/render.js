@@ -163,6 +163,7 @@ function drawForward(run) {
   const contextLength = run.context?.context_length ?? f.kv_length;
   field("forward", "kv").style.width = `${Math.min(100, (f.kv_length / contextLength) * 100)}%`;
   field("forward", "kv-text").textContent = `${f.kv_length} positions cached`;
+  if (run.accepted?.weights) field("forward", "weights").textContent = `weights: ${run.accepted.weights}`;
   drawBatch(run, f);
   if (f.detail) drawFull(run, f.detail);
 }

@@ -57,6 +57,7 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: 
     assert page.locator('#stage-forward [data-field="lens"] li').count() == 10  # live: every third layer; on demand: all 30
     assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
     assert "decoded together with" in page.inner_text('#stage-forward [data-field="batch"]')
+    assert page.inner_text('#stage-forward [data-field="weights"]').startswith("weights: fp32")  # the tests pin fp32
     assert page.locator('#stage-forward [data-field="steps"] canvas').count() >= 1  # the step timeline
     assert page.inner_text('#stage-context [data-field="cache"]').startswith("prefix cache:")
     # 6. sampling: the chosen tokens, token by token, spell the answer (the last choice is <|im_end|>)

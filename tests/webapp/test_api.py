@@ -99,7 +99,9 @@ def test_max_tokens_ends_with_length(daphne_server: Any, make_key: Any) -> None:
 def test_models_lists_ids_and_load_status(daphne_server: Any, make_key: Any) -> None:
     models = sdk(daphne_server, make_key()).models.list().data
     assert [m.id for m in models] == ["tiny", "smollm2-135m-instruct"]
-    assert (models[1].model_extra or {})["status"]["state"] == "ready"
+    status = (models[1].model_extra or {})["status"]
+    assert status["state"] == "ready"
+    assert status["weights"].startswith("fp32") and status["weights"].endswith(" MB")  # format and size, as the server holds it
 
 
 def test_tokenize_matches_llama_cpp(daphne_server: Any, make_key: Any) -> None:

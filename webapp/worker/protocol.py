@@ -108,6 +108,7 @@ class Accepted(TypedDict):
     request_id: str
     control: str
     worker: str
+    weights: str  # how the worker holds the model: "int4 (...), 183 MB"
     prompt_tokens: int
     seed: int
     queued: float  # seconds from arrival to acceptance (channel wait and tokenization)
@@ -168,6 +169,8 @@ class ModelLoad(TypedDict):
     done: NotRequired[int]
     total: NotRequired[int]
     detail: NotRequired[str]
+    weights: NotRequired[str]  # once ready: format and size ("int4 (...), 183 MB")
+    device: NotRequired[str]
 
 
 class ModelSlots(TypedDict):

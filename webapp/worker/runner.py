@@ -86,6 +86,7 @@ class EngineRunner:
         control_channel: str,
         config: SchedulerConfig,
         worker_id: str = "worker",
+        settle: Callable[[], None] | None = None,
     ) -> None:
         self.models: dict[str, Served] = {}
         self.failures: dict[str, str] = {}  # model id -> why it could not be loaded
@@ -94,6 +95,7 @@ class EngineRunner:
         self._loaders = loaders
         self._on_ready = on_ready
         self._emit = emit
+        self._settle = settle
         self._control = control_channel
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._jobs: dict[str, Job] = {}
@@ -224,6 +226,8 @@ class EngineRunner:
                     self._finish(job, error_reply(request_id, exc))
             return
         self._deliver(model_id, served, outputs)
+        if self._settle is not None:
+            self._settle()
         if scheduler.steps != steps and scheduler.last_batch is not None:  # a forward ran
             metrics.step_seconds.labels(model_id).observe(time.perf_counter() - started)
             metrics.batch_size.labels(model_id).observe(scheduler.last_batch.batch_size)
@@ -264,7 +268,7 @@ class EngineRunner:
             return
         job.in_scheduler = True
         accepted: Accepted = {"type": "accepted", "request_id": job.request_id, "control": self._control, "worker": self.worker_id,
-                              "prompt_tokens": len(request.prompt_ids), "seed": request.params.seed or 0,
+                              "weights": served.pipeline.loaded.weights_description, "prompt_tokens": len(request.prompt_ids), "seed": request.params.seed or 0,
                               "queued": time.perf_counter() - job.received_at}
         self._emit(job.reply_to, accepted)
         if tokenized is not None:
