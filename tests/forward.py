@@ -12,4 +12,4 @@ def last_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
     """float32 logits [V] for the token after `ids`, computed from scratch."""
     plan = model.plan([Chunk(0, 0, len(ids))])
     with torch.inference_mode():
-        return model(torch.tensor(ids), plan, model.new_cache(1, len(ids)))[0]
+        return model(torch.tensor(ids, device=model.device), plan, model.new_cache(1, len(ids)))[0]
