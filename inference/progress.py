@@ -8,7 +8,7 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class LoadProgress:
-    """`done` of `total` units finished in `stage` (reading, dequantizing, cache, building, ready)."""
+    """`done` of `total` units finished in `stage` (reading, kernels, converting, cache, building)."""
 
     stage: str
     done: int
