@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "webapp.worker",
     "webapp.api",
     "webapp.metrics",
+    "webapp.benchmark",
     "visualizer",
 ]
 

@@ -44,7 +44,8 @@ class ScriptedGeneration(Generation):
 
 
 def _request() -> ChatRequest:
-    return ChatRequest("tiny", [{"role": "user", "content": "hi"}], SamplingParams(), False, True, False, False, None)
+    return ChatRequest("tiny", [{"role": "user", "content": "hi"}], SamplingParams(), max_tokens_given=False, stream=True, include_usage=False,
+                       continuous_usage=False, logprobs=False, user=None)
 
 
 def _ctx() -> RequestContext:

@@ -48,7 +48,7 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
             "logprobs": {"type": "boolean"},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
             "stream": {"type": "boolean"},
-            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}}},
             "user": {"type": "string"},
             "ignore_eos": {"type": "boolean", "default": False, "description": "Keep generating past end-of-turn tokens (fixed output lengths for benchmarks)."},
         },

@@ -28,6 +28,7 @@ class ChatRequest:
     max_tokens_given: bool
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # stream_options.continuous_usage_stats (vLLM's): running usage in every chunk
     logprobs: bool
     user: str | None
 
@@ -137,8 +138,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     max_tokens = _integer(body, "max_completion_tokens", 1, 1_000_000) or _integer(body, "max_tokens", 1, 1_000_000)
     seed = _integer(body, "seed", -(2**63), 2**64 - 1)
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
-        raise bad_request("Invalid 'stream_options': only {\"include_usage\": true|false} is supported.", "stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}):
+        raise bad_request("Invalid 'stream_options': only 'include_usage' and 'continuous_usage_stats' (true|false) are supported.", "stream_options")
     stream = _boolean(body, "stream")
     if options is not None and not stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
@@ -174,6 +175,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         max_tokens_given=max_tokens is not None,
         stream=stream,
         include_usage=bool(options and options.get("include_usage")),
+        continuous_usage=bool(options and options.get("continuous_usage_stats")),
         logprobs=logprobs,
         user=user,
     )

@@ -153,7 +153,10 @@ async def _stream(ctx: RequestContext, body: ChatRequest, generation: client.Gen
                 if not started:
                     started = True
                     yield sse(chunk(ctx, created, {"role": "assistant", "content": ""}, logprobs=[] if body.logprobs else None))
-                yield sse(chunk(ctx, created, {"content": piece.text}, logprobs=piece.logprobs if body.logprobs else None))
+                content = chunk(ctx, created, {"content": piece.text}, logprobs=piece.logprobs if body.logprobs else None)
+                if body.continuous_usage:
+                    content["usage"] = assembler.usage()  # the running counts, as vLLM sends them
+                yield sse(content)
             if not started:
                 yield sse(chunk(ctx, created, {"role": "assistant", "content": ""}))
             yield sse(chunk(ctx, created, {}, assembler.finish_reason, roundtrip_timings=timings(ctx, assembler)))
