@@ -9,5 +9,6 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("v1/", include("webapp.api.urls")),
+    path("bench/", include("webapp.benchmark.urls")),
     path("", include("visualizer.urls")),
 ]

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from webapp.api.completions import Assembler, chunk, completion, sse, timings
@@ -24,7 +25,7 @@ from webapp.api.schema import ChatRequest, parse_chat_request, parse_json_body
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage, route_model
-from webapp.gateway.identity import Identity, identify_key
+from webapp.gateway.identity import Identity, identify_key, identify_session
 from webapp.gateway.routing import configured_models
 from webapp.gateway.watch import anyone_watching, publish
 from webapp.worker.registry import model_load
@@ -68,11 +69,29 @@ def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRe
 
 
 async def _authenticate(ctx: RequestContext, request: HttpRequest) -> Identity:
+    """An API key (`Authorization: Bearer ...`); or, for this site's own pages, the browser session — only with the
+    page's CSRF token, so another site cannot spend a visitor's session — under the session limits."""
     started = time.perf_counter()
-    identity = await sync_to_async(identify_key)(request.headers.get("Authorization"))
+    authorization = request.headers.get("Authorization")
+    if authorization is None and request.headers.get("X-CSRFToken") and await sync_to_async(_csrf_ok)(request):
+        user = await request.auser()
+        identity = identify_session(user.pk if user.is_authenticated else None, request.session.session_key or "")
+    else:
+        identity = await sync_to_async(identify_key)(authorization)
     ctx.identity = identity
     ctx.timed("authenticate", started, who=identity.label)
     return identity
+
+
+def _checked(request: HttpRequest) -> HttpResponse:  # a view that is not exempt, for the check above
+    return HttpResponse()
+
+
+def _csrf_ok(request: HttpRequest) -> bool:
+    """Django's own CSRF check (origin and token), asked for here because the API views are exempt from it."""
+    if not request.session.session_key:
+        return False
+    return CsrfViewMiddleware(lambda r: HttpResponse()).process_view(request, _checked, (), {}) is None
 
 
 @api_view("POST", "chat.completions")

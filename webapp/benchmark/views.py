@@ -1,0 +1,108 @@
+"""The benchmark page: measure in the browser, keep results, list them, share a read-only link, export them.
+
+The page itself streams from `/v1/chat/completions` (with this browser's session or a key the user
+pastes) and times every chunk with `performance.now()`; these views only keep and show what it measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+
+from webapp.benchmark.models import CSV_FIELDS, BenchResult
+from webapp.gateway.routing import configured_models
+from webapp.worker import registry
+
+MAX_RESULT_BYTES = 2 * 1024 * 1024
+PRESETS = {
+    "capital": "What's the capital of India?",
+    "story": "Tell me a long story about a lighthouse keeper.",
+    "code": "Write a Python function that checks whether a number is prime, with comments.",
+}
+
+
+def _owner(request: HttpRequest) -> tuple[int | None, str]:
+    if not request.session.session_key:
+        request.session.save()
+    return (request.user.pk if request.user.is_authenticated else None), request.session.session_key or ""
+
+
+@require_GET
+def page(request: HttpRequest) -> HttpResponse:
+    _owner(request)
+    models = [r.id for r in configured_models()]
+    return render(request, "benchmark/bench.html", {"models": models, "presets": PRESETS, "presets_json": json.dumps(PRESETS)})
+
+
+@require_POST
+def save(request: HttpRequest) -> JsonResponse:
+    """Keep a finished run: {"title", "settings", "lanes"} → its permalink."""
+    if len(request.body) > MAX_RESULT_BYTES:
+        return JsonResponse({"error": "This result is too large to keep."}, status=413)
+    try:
+        data = json.loads(request.body)
+        title, settings, lanes = str(data["title"])[:120], data["settings"], data["lanes"]
+        if not isinstance(settings, dict) or not isinstance(lanes, list):
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        return JsonResponse({"error": "Expected JSON with 'title', 'settings' (an object) and 'lanes' (a list)."}, status=400)
+    user_id, session_key = _owner(request)
+    result = BenchResult.objects.create(user_id=user_id, session_key=session_key, title=title or "benchmark", settings=settings, lanes=lanes)
+    return JsonResponse({"slug": result.slug, "url": request.build_absolute_uri(f"/bench/r/{result.slug}/")}, status=201,
+                        headers={"HX-Trigger": "bench-saved"})
+
+
+@require_GET
+def result_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "benchmark/_results.html", {"results": BenchResult.owned_by(*_owner(request))[:50]})
+
+
+def _result(slug: str) -> BenchResult:
+    result = BenchResult.objects.filter(slug=slug).first()
+    if result is None:
+        raise Http404("No benchmark result with this link.")
+    return result
+
+
+@require_GET
+def permalink(request: HttpRequest, slug: str) -> HttpResponse:
+    """Anyone with the link sees the result, read-only (the page draws it from the same data it measured)."""
+    result = _result(slug)
+    data = {"title": result.title, "settings": result.settings, "lanes": result.lanes, "created": result.created_at.isoformat(), "slug": result.slug}
+    return render(request, "benchmark/result.html", {"result": result, "result_json": data})
+
+
+@require_GET
+def export_json(request: HttpRequest, slug: str) -> JsonResponse:
+    result = _result(slug)
+    return JsonResponse({"title": result.title, "created": result.created_at.isoformat(), "settings": result.settings, "lanes": result.lanes},
+                        headers={"Content-Disposition": f'attachment; filename="bench-{slug}.json"'})
+
+
+@require_GET
+def export_csv(request: HttpRequest, slug: str) -> HttpResponse:
+    result = _result(slug)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=["lane", "run", *CSV_FIELDS])
+    writer.writeheader()
+    writer.writerows(result.rows())
+    return HttpResponse(out.getvalue(), content_type="text/csv", headers={"Content-Disposition": f'attachment; filename="bench-{slug}.csv"'})
+
+
+@require_GET
+def scheduler_state(request: HttpRequest) -> JsonResponse:
+    """The engines' batch right now (from the workers' heartbeats, at most a second old), for the load chart."""
+    models: dict[str, dict[str, Any]] = {}
+    for worker in registry.live_workers():
+        for model_id, slots in worker["models"].items():
+            m = models.setdefault(model_id, {"running": 0, "waiting": 0, "kv_usage": 0.0})
+            m["running"] += slots["running"]
+            m["waiting"] += slots["waiting"]
+            m["kv_usage"] = max(m["kv_usage"], slots["kv_usage"])
+    return JsonResponse({"models": models})
