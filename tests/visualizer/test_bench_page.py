@@ -77,3 +77,20 @@ def test_a_saved_result_opens_read_only_at_its_link_and_exports(bench: Any, daph
     with bench.expect_download() as exported:
         bench.click("#export-json")
     assert json.loads(open(exported.value.path()).read())["lanes"][0]["runs"][0]["tokens"] == 8
+
+
+def test_two_saved_results_compare_side_by_side(bench: Any, daphne_server: Any) -> None:
+    for _ in range(2):
+        run(bench, runs=1)
+        bench.click("#save")
+        bench.wait_for_selector('[data-field="permalink"]')
+    bench.wait_for_function("document.querySelectorAll('#saved input[name=r]').length >= 2")
+    boxes = bench.locator("#saved input[name=r]")
+    boxes.nth(0).check()
+    boxes.nth(1).check()
+    with bench.context.expect_page() as opened:
+        bench.click("#compare")
+    compared = opened.value
+    compared.wait_for_selector("#summary tbody tr")
+    assert compared.locator('#summary td[data-col="lane"]').count() == 2
+    assert compared.locator("#charts canvas").count() >= 4

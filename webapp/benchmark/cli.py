@@ -49,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--goodput-ttft", type=float, help="goodput target: TTFT at most this many ms")
     p.add_argument("--goodput-tpot", type=float, help="goodput target: time per output token at most this many ms")
     p.add_argument("--goodput-e2e", type=float, help="goodput target: end-to-end at most this many ms")
+    p.add_argument("--goodput-itl", type=float, help="goodput target: the request's 90th-percentile inter-token gap at most this many ms")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--max-duration", type=float, default=600.0, help="seconds per level at most")
     p.add_argument("--seed", type=int, default=0)
@@ -70,7 +71,7 @@ def levels(args: argparse.Namespace) -> list[Level]:
 async def run(args: argparse.Namespace, console: Console) -> tuple[list[LevelRun], list[dict[str, Any]]]:
     endpoint = Endpoint(args.url.rstrip("/"), args.api_key, args.model)
     settings = Settings(args.ignore_eos, args.temperature, args.timeout, args.max_duration)
-    targets = Targets(*(None if v is None else v / 1000 for v in (args.goodput_ttft, args.goodput_tpot, args.goodput_e2e)))
+    targets = Targets(*(None if v is None else v / 1000 for v in (args.goodput_ttft, args.goodput_tpot, args.goodput_e2e, args.goodput_itl)))
     prompt_tokens, max_tokens = Length.parse(args.prompt_tokens), Length.parse(args.max_tokens)
     runs, summaries = [], []
     async with httpx.AsyncClient(timeout=60) as client:

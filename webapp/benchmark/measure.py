@@ -83,19 +83,23 @@ class RequestResult:
 
 @dataclass(frozen=True)
 class Targets:
-    """Service-level objectives for goodput: a request counts when it meets every target given (seconds)."""
+    """Service-level objectives for goodput: a request counts when it meets every target given (seconds).
+    `itl` applies to the request's 90th-percentile gap, so a stream with stalls fails it even if its mean is fine."""
 
     ttft: float | None = None
     tpot: float | None = None
     e2e: float | None = None
+    itl: float | None = None
 
     def met_by(self, r: RequestResult) -> bool:
-        checks = ((self.ttft, r.ttft), (self.tpot, r.tpot), (self.e2e, r.e2e))
+        gaps = r.itls()
+        itl_p90 = distribution(gaps)["p90"] if gaps else None
+        checks = ((self.ttft, r.ttft), (self.tpot, r.tpot), (self.e2e, r.e2e), (self.itl, itl_p90))
         return r.ok and all(limit is None or (value is not None and value <= limit) for limit, value in checks)
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.ttft, self.tpot, self.e2e))
+        return any(v is not None for v in (self.ttft, self.tpot, self.e2e, self.itl))
 
 
 PERCENTILES = (50, 90, 99)

@@ -79,6 +79,18 @@ def permalink(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 @require_GET
+def compare(request: HttpRequest) -> HttpResponse:
+    """Several saved results in one table and one set of charts: `?r=SLUG&r=SLUG` (links, so read-only too)."""
+    slugs = request.GET.getlist("r")[:6]
+    results = [r for r in (BenchResult.objects.filter(slug=s).first() for s in slugs) if r is not None]
+    if not results:
+        raise Http404("Choose saved results to compare.")
+    lanes = [{**lane, "name": f"{r.title[:30]} · {lane.get('name', '')}"} for r in results for lane in r.lanes]
+    data = {"title": " vs ".join(r.title[:30] for r in results), "lanes": lanes, "slug": "-".join(r.slug for r in results)}
+    return render(request, "benchmark/compare.html", {"results": results, "result_json": data})
+
+
+@require_GET
 def export_json(request: HttpRequest, slug: str) -> JsonResponse:
     result = _result(slug)
     return JsonResponse({"title": result.title, "created": result.created_at.isoformat(), "settings": result.settings, "lanes": result.lanes},
