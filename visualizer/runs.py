@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 from asgiref.sync import sync_to_async
 
 from webapp.api.completions import Assembler
-from webapp.api.schema import parse_chat_request
+from webapp.api.protocol import ChatCompletionRequest, parse
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
@@ -75,8 +75,8 @@ class Run:
             ctx.identity = identity
             ctx.timed("authenticate", started, who=identity.label)
             body, level, step = self._body()
-            request = parse_chat_request(body)
-            ctx.prompt_text = request.messages[-1]["content"]
+            request: ChatCompletionRequest = parse(ChatCompletionRequest, body)
+            ctx.prompt_text = request.chat_messages[-1]["content"]
             await sync_to_async(limit_and_route)(ctx, identity, request.model)
             assert ctx.route is not None and ctx.rate is not None
             yield {
@@ -89,7 +89,7 @@ class Run:
                 "stages": [{"name": s.name, "ms": s.seconds * 1000, "detail": s.detail} for s in ctx.stages],
             }
             self.generation = await client.generate(
-                ctx.route, request.messages, request.params, level, ctx.request_id, fit_max_tokens=not request.max_tokens_given, step=step
+                ctx.route, request.chat_messages, request.params, level, ctx.request_id, fit_max_tokens=not request.max_tokens_given, step=step
             )
             assembler.prompt_tokens = self.generation.accepted.get("prompt_tokens", 0)
             yield {"type": "accepted", **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")}}
@@ -121,7 +121,7 @@ class Run:
                                             usage["prompt_tokens_details"]["cached_tokens"])
             )
         if assembler.finished is not None:
-            await sync_to_async(self._save_exchange)(ctx.request_id, request.messages, "".join(assembler.text))
+            await sync_to_async(self._save_exchange)(ctx.request_id, request.chat_messages, "".join(assembler.text))
         yield {
             "type": "usage",
             "record": {"id": record.pk, "request_id": record.request_id, "status": record.status, "finish_reason": record.finish_reason,

@@ -11,7 +11,7 @@ from django.test import override_settings
 
 from inference.params import SamplingParams
 from loops import run_async
-from webapp.api.schema import ChatRequest
+from webapp.api.protocol import ChatCompletionRequest
 from webapp.api.views import _stream
 from webapp.gateway.client import Generation
 from webapp.gateway.errors import GatewayError
@@ -43,9 +43,8 @@ class ScriptedGeneration(Generation):
         self.cancelled = True
 
 
-def _request() -> ChatRequest:
-    return ChatRequest("tiny", [{"role": "user", "content": "hi"}], SamplingParams(), max_tokens_given=False, stream=True, include_usage=False,
-                       continuous_usage=False, logprobs=False, user=None)
+def _request() -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True})
 
 
 def _ctx() -> RequestContext:

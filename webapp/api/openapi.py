@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.params import MAX_TOP_LOGPROBS
+from pydantic import BaseModel
+
+from webapp.api.protocol import ChatCompletionRequest, TokenizeRequest
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -16,43 +18,26 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): {"description": words[c], "content": {"application/json": {"schema": ERROR}}} for c in codes}
 
 
+def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
+    """The model's JSON schema, its nested models moved into the document's components."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
 def openapi_spec(server_url: str) -> dict[str, Any]:
-    number = {"type": "number"}
-    message = {
-        "type": "object",
-        "required": ["role", "content"],
-        "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant"]},
-            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
-        },
+    """Generated from the request models in `webapp.api.protocol`: what validates a request is what this describes."""
+    components: dict[str, Any] = {
+        "Error": {
+            "type": "object",
+            "properties": {"error": {"type": "object", "properties": {
+                "message": {"type": "string"}, "type": {"type": "string"},
+                "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+        }
     }
-    chat_request = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["model", "messages"],
-        "properties": {
-            "model": {"type": "string"},
-            "messages": {"type": "array", "minItems": 1, "items": message},
-            "temperature": number | {"minimum": 0, "maximum": 2, "default": 1},
-            "top_p": number | {"exclusiveMinimum": 0, "maximum": 1, "default": 1},
-            "top_k": {"type": "integer", "minimum": 0, "default": 0},
-            "min_p": number | {"minimum": 0, "maximum": 1, "default": 0},
-            "repetition_penalty": number | {"exclusiveMinimum": 0, "maximum": 10, "default": 1},
-            "presence_penalty": number | {"minimum": -2, "maximum": 2, "default": 0},
-            "frequency_penalty": number | {"minimum": -2, "maximum": 2, "default": 0},
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "max_completion_tokens": {"type": "integer", "minimum": 1},
-            "stop": {"oneOf": [{"type": "string"}, {"type": "array", "maxItems": 4, "items": {"type": "string"}}]},
-            "seed": {"type": "integer"},
-            "n": {"const": 1},
-            "logprobs": {"type": "boolean"},
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
-            "stream": {"type": "boolean"},
-            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}}},
-            "user": {"type": "string"},
-            "ignore_eos": {"type": "boolean", "default": False, "description": "Keep generating past end-of-turn tokens (fixed output lengths for benchmarks)."},
-        },
-    }
+    chat_request = _schema(ChatCompletionRequest, components)
+    tokenize_request = _schema(TokenizeRequest, components)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Roundtrip API", "version": "1", "description": "OpenAI-compatible chat completions on a real model, with server-side timings."},
@@ -76,22 +61,10 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
             "/tokenize": {
                 "post": {
                     "summary": "Token ids and token strings for a text",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                        "type": "object", "required": ["model", "text"], "additionalProperties": False,
-                        "properties": {"model": {"type": "string"}, "text": {"type": "string"}}}}}},
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": tokenize_request}}},
                     "responses": {"200": {"description": "ids, tokens, spans and count"}, **_errors(400, 401, 403, 404, 413)},
                 }
             },
         },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "properties": {"error": {"type": "object", "properties": {
-                        "message": {"type": "string"}, "type": {"type": "string"},
-                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
-                }
-            },
-        },
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": components},
     }

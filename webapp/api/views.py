@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from webapp.api.completions import Assembler, chunk, completion, sse, timings
 from webapp.api.openapi import openapi_spec
-from webapp.api.schema import ChatRequest, parse_chat_request, parse_json_body
+from webapp.api.protocol import ChatCompletionRequest, TokenizeRequest, json_body, parse
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage, route_model
@@ -41,7 +41,7 @@ def _body(request: HttpRequest) -> dict[str, Any]:
         raw = request.body
     except RequestDataTooBig:
         raise GatewayError(413, "The request body is too large.", "invalid_request_error", "request_too_large") from None
-    return parse_json_body(raw)
+    return json_body(raw)
 
 
 def _method_not_allowed(request: HttpRequest, allowed: str) -> JsonResponse:
@@ -98,13 +98,15 @@ def _csrf_ok(request: HttpRequest) -> bool:
 async def chat_completions(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
     try:
         identity = await _authenticate(ctx, request)
-        body = parse_chat_request(_body(request))
+        body: ChatCompletionRequest = parse(ChatCompletionRequest, _body(request))
         ctx.stream = body.stream
-        ctx.prompt_text = json.dumps(body.messages, ensure_ascii=False)
+        ctx.prompt_text = json.dumps(body.chat_messages, ensure_ascii=False)
+        if body.ignored_fields:
+            ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
         await sync_to_async(limit_and_route)(ctx, identity, body.model)
         assert ctx.route is not None
         generation = await client.generate(
-            ctx.route, body.messages, body.params, "off", ctx.request_id, fit_max_tokens=not body.max_tokens_given
+            ctx.route, body.chat_messages, body.params, "off", ctx.request_id, fit_max_tokens=not body.max_tokens_given
         )
     except GatewayError as exc:
         await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
@@ -128,7 +130,7 @@ async def _events(ctx: RequestContext, generation: client.Generation) -> AsyncIt
         yield event
 
 
-async def _complete(ctx: RequestContext, body: ChatRequest, generation: client.Generation) -> HttpResponse:
+async def _complete(ctx: RequestContext, body: ChatCompletionRequest, generation: client.Generation) -> HttpResponse:
     assembler = Assembler(body.logprobs, generation.accepted.get("prompt_tokens", 0))
     status, error_code = 200, ""
     try:
@@ -157,7 +159,7 @@ def _server_error(exc: Exception) -> GatewayError:
     return GatewayError(500, f"The server failed: {type(exc).__name__}: {exc}", "server_error", "server_error")
 
 
-async def _stream(ctx: RequestContext, body: ChatRequest, generation: client.Generation) -> AsyncIterator[bytes]:
+async def _stream(ctx: RequestContext, body: ChatCompletionRequest, generation: client.Generation) -> AsyncIterator[bytes]:
     """SSE exactly as OpenAI's clients read it; the role chunk goes out with the first token."""
     created = int(time.time())
     assembler = Assembler(body.logprobs, generation.accepted.get("prompt_tokens", 0))
@@ -229,15 +231,9 @@ async def tokenize(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
     """POST {"model", "text"} → the ids and token strings the model would see for that text."""
     try:
         identity = await _authenticate(ctx, request)
-        body = _body(request)
-        text = body.get("text")
-        if not isinstance(text, str):
-            raise bad_request("Missing required parameter: 'text' (a string).", "text")
-        unknown = sorted(set(body) - {"model", "text"})
-        if unknown:
-            raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
-        route = route_model(ctx, identity, str(body.get("model", "")))
-        answer = await client.tokenize(route, text)
+        body: TokenizeRequest = parse(TokenizeRequest, _body(request))
+        route = route_model(ctx, identity, body.model)
+        answer = await client.tokenize(route, body.text)
     except GatewayError as exc:
         await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
         return _error(exc, ctx)

@@ -44,7 +44,7 @@ class RequestContext:
     started: float = field(default_factory=time.perf_counter)
     prompt_text: str = ""
     worker: str = ""  # the inference worker that served it
-
+    extra_headers: dict[str, str] = field(default_factory=dict)  # e.g. x-roundtrip-ignored-fields
 
     def timed(self, name: str, started: float, **detail: Any) -> None:
         self.stages.append(Stage(name, time.perf_counter() - started, detail))
@@ -59,7 +59,7 @@ class RequestContext:
         if self.worker:
             out["x-roundtrip-worker"] = self.worker
         out["x-roundtrip-gateway-ms"] = ";".join(f"{s.name}={s.seconds * 1000:.2f}" for s in self.stages)
-        return out
+        return out | self.extra_headers
 
 
 def limit_and_route(ctx: RequestContext, identity: Identity, model: str) -> None:

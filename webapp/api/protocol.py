@@ -1,0 +1,235 @@
+"""The API's typed request models (pydantic, in the manner of vLLM's protocol.py): one per endpoint.
+
+Each model is the single source of the endpoint's rules: it validates a body (errors name the
+parameter, in OpenAI's wording), turns it into what the engine needs (sampling parameters, plain
+chat messages), and its JSON schema is what `/v1/openapi.json` serves. Every field of OpenAI's
+Chat Completions request is accepted; the ones that change nothing here are listed back in the
+`x-roundtrip-ignored-fields` response header. Unknown fields are refused, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, ClassVar, Literal, Mapping
+
+from django.conf import settings
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from inference.params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams
+from webapp.gateway.errors import GatewayError, bad_request
+
+Strict = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+MAX_MESSAGES = 4096  # far beyond any context window this server holds; a cheap first bound
+
+
+class TextPart(BaseModel):
+    model_config = Strict
+    type: Literal["text"]
+    text: str
+
+
+class ToolCallFunction(BaseModel):
+    model_config = Strict
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = Strict
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(BaseModel):
+    model_config = Strict
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_where_required(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The content as one string: text parts joined (the only part type a text model takes)."""
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(BaseModel):
+    model_config = Strict
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: running usage counts in every chunk
+
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions."""
+
+    model_config = Strict
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    min_p: Probability | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    stop: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
+    n: Literal[1] = 1
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = Field(False, description="Keep generating past end-of-turn tokens (fixed output lengths for benchmarks).")
+    # Accepted for compatibility; they change nothing here (listed in x-roundtrip-ignored-fields).
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    parallel_tool_calls: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise _Conflict("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+        if self.stream_options is not None and not self.stream:
+            raise _Conflict("stream_options", "'stream_options' is only allowed when 'stream' is true.")
+        return self
+
+    IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "parallel_tool_calls", "service_tier", "reasoning_effort", "modalities", "prediction")
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return [name for name in self.IGNORED if name in self.model_fields_set]
+
+    @property
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them (developer is the system role)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
+
+    @property
+    def max_tokens_given(self) -> bool:
+        return self.max_completion_tokens is not None or self.max_tokens is not None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    @property
+    def params(self) -> SamplingParams:
+        def given(value: float | None, default: float) -> float:
+            return default if value is None else value
+
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            temperature=given(self.temperature, 1.0),
+            top_p=given(self.top_p, 1.0),
+            top_k=self.top_k or 0,
+            min_p=given(self.min_p, 0.0),
+            repetition_penalty=given(self.repetition_penalty, 1.0),
+            presence_penalty=given(self.presence_penalty, 0.0),
+            frequency_penalty=given(self.frequency_penalty, 0.0),
+            seed=self.seed,
+            max_tokens=self.max_completion_tokens or self.max_tokens or settings.ROUNDTRIP_DEFAULT_MAX_TOKENS,
+            stop=stop,
+            top_logprobs=self.top_logprobs or 0,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class TokenizeRequest(BaseModel):
+    """POST /v1/tokenize."""
+
+    model_config = Strict
+    model: str = Field(min_length=1)
+    text: str
+
+
+class _Conflict(ValueError):
+    """Two fields that do not go together; `param` names the one to change."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def json_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; 400 for non-UTF-8 bytes, invalid JSON or a non-object."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"The request body is not valid UTF-8 (byte {exc.start}).") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
+    """Validate `body` as `model`; the first problem becomes a 400 in OpenAI's shape, naming the parameter."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _as_gateway_error(exc.errors(include_url=False)[0]) from None
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """("messages", 0, "role") → "messages[0].role"; union branches (type names) are left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and not (part in ("str", "int", "float", "bool", "list[str]", "list[TextPart]", "function-after[_content_where_required(), ChatMessage]")
+                                            or part.startswith(("list[", "constrained-", "function-", "literal["))):
+            out += f".{part}" if out else part
+    return out
+
+
+def _as_gateway_error(error: Mapping[str, Any]) -> GatewayError:
+    kind, param = error["type"], _param(tuple(error["loc"]))
+    value = json.dumps(error.get("input"), default=str)[:60]
+    ctx = error.get("ctx") or {}
+    if isinstance(ctx.get("error"), _Conflict):
+        conflict: _Conflict = ctx["error"]
+        return bad_request(str(conflict), conflict.param)
+    if kind == "extra_forbidden":
+        return bad_request(f"Unrecognized request argument supplied: {param}", param)
+    if kind == "missing" or (kind == "value_error" and "content is required" in error["msg"]):
+        missing = param if kind == "missing" else f"{param}.content"
+        return bad_request(f"Missing required parameter: '{missing}'.", missing)
+    if param == "messages" and kind == "too_short":
+        return bad_request("'messages' must contain at least one message.", "messages")
+    if param == "n":
+        return bad_request("Only n=1 is supported.", "n")
+    if kind in ("float_type", "int_type", "bool_type", "string_type", "dict_type", "list_type", "model_type", "int_from_float", "finite_number"):
+        expected = {"float_type": "a number", "int_type": "an integer", "int_from_float": "an integer", "bool_type": "a boolean",
+                    "string_type": "a string", "dict_type": "an object", "model_type": "an object", "list_type": "a list",
+                    "finite_number": "a finite number"}[kind]
+        return bad_request(f"Invalid type for '{param}': expected {expected}, got {value}.", param)
+    if kind == "literal_error":
+        return bad_request(f"Invalid value for '{param}': {value}; expected {ctx.get('expected', 'one of the allowed values')}.", param)
+    return bad_request(f"Invalid '{param}': {error['msg']} (got {value}).", param)
