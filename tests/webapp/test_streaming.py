@@ -9,7 +9,6 @@ from typing import Any, AsyncIterator
 import pytest
 from django.test import override_settings
 
-from inference.params import SamplingParams
 from loops import run_async
 from webapp.api.protocol import ChatCompletionRequest
 from webapp.api.views import _stream
