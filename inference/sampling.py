@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from inference.errors import InvalidRequestError
 from inference.params import SamplingParams
 from inference.trace import Candidate, SamplingDetail
 
@@ -41,7 +42,13 @@ class Sampler:
         self._seen[torch.tensor(list(prompt_ids), dtype=torch.long)] = True
         self._counts = torch.zeros(vocab_size, dtype=torch.float32)
         self._stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long)
-        self._penalised = (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) != (1.0, 0.0, 0.0)
+        self._penalised = (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) != (1.0, 0.0, 0.0) or bool(params.logit_bias)
+        for token, _ in params.logit_bias:
+            if token >= vocab_size:
+                raise InvalidRequestError(f"logit_bias names token {token}, but the vocabulary has {vocab_size} tokens", "logit_bias")
+        self._bias_map = dict(params.logit_bias)
+        self._bias_ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
+        self._bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
 
     def sample(self, logits: Tensor, detail_top_n: int = 0) -> Sample:
         """Pick the next token from float32 logits [V]; with detail_top_n > 0, explain the decision.
@@ -77,9 +84,12 @@ class Sampler:
         )
 
     def _apply_penalties(self, logits: Tensor) -> Tensor:
-        """Repetition penalty over prompt and output (llama.cpp/HF); presence and frequency over output (OpenAI)."""
+        """Logit bias (OpenAI: added to the logits first), then the repetition penalty over prompt and output
+        (llama.cpp/HF), then presence and frequency over output (OpenAI)."""
         p = self.params
         out = logits.clone()
+        if len(self._bias_ids):
+            out[self._bias_ids] += self._bias
         if p.repetition_penalty != 1.0:
             seen = out[self._seen]
             out[self._seen] = torch.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
@@ -144,7 +154,8 @@ class Sampler:
             raw = (logits[ids] - log_z).exp().tolist()
             kept = (adjusted[ids] - torch.logsumexp(adjusted, dim=-1)).exp().tolist()
             candidates = [
-                Candidate(i, raw[r], kept[r], None if r == 0 else "greedy", 1.0 if r == 0 else 0.0) for r, i in enumerate(ids.tolist())
+                Candidate(i, raw[r], kept[r], None if r == 0 else "greedy", 1.0 if r == 0 else 0.0, self._bias_map.get(i, 0.0))
+                for r, i in enumerate(ids.tolist())
             ]
             return SamplingDetail(candidates=candidates, draw=None, kept=1, eos_prob=eos)
         scaled = adjusted / self.params.temperature
@@ -154,7 +165,8 @@ class Sampler:
         removed = keep[:top_n].tolist()
         finals = final[:top_n].tolist()
         candidates = [
-            Candidate(token_id=i, raw_prob=raw[r], adjusted_prob=scaled_probs[r], removed_by=removed_names[removed[r]], final_prob=finals[r])
+            Candidate(token_id=i, raw_prob=raw[r], adjusted_prob=scaled_probs[r], removed_by=removed_names[removed[r]], final_prob=finals[r],
+                      bias=self._bias_map.get(i, 0.0))
             for r, i in enumerate(ids.tolist())
         ]
         return SamplingDetail(candidates=candidates, draw=draw, kept=self._kept(keep, logits.shape[0]), eos_prob=eos)

@@ -37,6 +37,7 @@ class Candidate:
     adjusted_prob: float  # after penalties and temperature
     removed_by: str | None  # "top_k", "top_p", "min_p" or None (kept)
     final_prob: float  # renormalised over the kept tokens: the chance it was drawn
+    bias: float = 0.0  # the request's logit_bias for this token, added before everything else
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from visualizer.models import Conversation
 
 LEVELS = ("summary", "full")
 RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation"}
-PARAM_FIELDS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop"}
+PARAM_FIELDS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
+                "logit_bias"}
 
 
 @dataclass(frozen=True)

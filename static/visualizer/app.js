@@ -50,6 +50,14 @@ function params() {
     const raw = $(name).value.trim();
     if (raw !== "") out[name] = Number(raw);
   }
+  const bias = $("logit_bias").value.trim();
+  if (bias) {
+    try {
+      out.logit_bias = JSON.parse(bias); // the server checks it and says what is wrong
+    } catch {
+      out.logit_bias = bias;
+    }
+  }
   return out;
 }
 

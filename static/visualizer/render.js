@@ -216,7 +216,7 @@ function drawSampling(run) {
       row.append(
         el("span", { class: "tok" }, visible(c.token)),
         el("span", { class: "track" }),
-        el("span", { class: "val" }, `${(c.raw_prob * 100).toFixed(1)}% → ${(c.adjusted_prob * 100).toFixed(1)}%${c.removed_by ? ` (cut by ${c.removed_by})` : ""}`),
+        el("span", { class: "val" }, `${(c.raw_prob * 100).toFixed(1)}% → ${(c.adjusted_prob * 100).toFixed(1)}%${c.bias ? ` (bias ${c.bias > 0 ? "+" : ""}${c.bias})` : ""}${c.removed_by ? ` (cut by ${c.removed_by})` : ""}`),
       );
       const track = row.querySelector(".track");
       track.append(el("i", { class: "raw", style: `width:${c.raw_prob * 100}%` }), el("i", { class: "adj", style: `width:${c.adjusted_prob * 100}%` }));

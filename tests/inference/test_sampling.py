@@ -164,3 +164,18 @@ def test_bad_stop_lists_are_rejected(stop: tuple[str, ...]) -> None:
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(stop=stop).validate()
     assert info.value.param == "stop"
+
+
+def test_logit_bias_is_added_before_everything_and_shown_on_the_candidate() -> None:
+    logits = torch.zeros(V)
+    logits[5], logits[6] = 2.0, 1.0
+    sampler = Sampler(SamplingParams(temperature=0.0, logit_bias=((5, -100.0), (7, 1.5))), V, [1], STOP)
+    sample = sampler.sample(logits, detail_top_n=3)
+    assert sample.token_id == 7  # 0 + 1.5 beats 6's 1.0, and 5 is out
+    assert sample.detail is not None
+    assert {c.token_id: c.bias for c in sample.detail.candidates}[7] == 1.5
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_named() -> None:
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        Sampler(SamplingParams(logit_bias=((V + 3, 1.0),)), V, [1], STOP)

@@ -305,3 +305,14 @@ def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(daphne_
     cold = smollm2_pipeline.prepare(second, SamplingParams(temperature=0.0, max_tokens=16))
     finished = [e for e in smollm2_pipeline.stream(cold) if isinstance(e, Finished)][-1]
     assert finished.cached_tokens == 0 and again.choices[0].message.content == finished.text
+
+
+def test_a_logit_bias_of_minus_100_on_the_greedy_first_token_changes_it(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key())
+    plain = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True)  # type: ignore[arg-type]
+    first = plain.choices[0].logprobs.content[0].token  # type: ignore[union-attr,index]
+    first_id = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": first}, headers={"Authorization": f"Bearer {make_key()}"},
+                          timeout=30).json()["ids"][0]
+    biased = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True,  # type: ignore[arg-type]
+                                            logit_bias={str(first_id): -100})
+    assert biased.choices[0].logprobs.content[0].token != first  # type: ignore[union-attr,index]

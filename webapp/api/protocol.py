@@ -96,6 +96,8 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = Field(False, description="Keep generating past end-of-turn tokens (fixed output lengths for benchmarks).")
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="Token id (as a string) to a value added to its logit before sampling, -100 to 100.")
     # Accepted for compatibility; they change nothing here (listed in x-roundtrip-ignored-fields).
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -155,6 +157,7 @@ class ChatCompletionRequest(BaseModel):
             stop=stop,
             top_logprobs=self.top_logprobs or 0,
             ignore_eos=self.ignore_eos,
+            logit_bias=tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items()),
         )
 
 

@@ -37,6 +37,7 @@ class SamplingDict(TypedDict, total=False):
     stop: list[str]
     top_logprobs: int
     ignore_eos: bool
+    logit_bias: list[list[float]]  # [[token id, bias], ...]
 
 
 class GenerateRequest(TypedDict):
@@ -204,7 +205,7 @@ def params_to_dict(params: SamplingParams) -> SamplingDict:
     for name in PARAM_FIELDS:
         value = getattr(params, name)
         if value is not None:
-            out[name] = list(value) if name == "stop" else value
+            out[name] = [list(pair) for pair in value] if name == "logit_bias" else list(value) if name == "stop" else value
     return out  # type: ignore[return-value]
 
 
@@ -212,6 +213,8 @@ def params_from_dict(values: SamplingDict) -> SamplingParams:
     fields: dict[str, Any] = {name: values[name] for name in PARAM_FIELDS if name in values}  # type: ignore[literal-required]
     if "stop" in fields:
         fields["stop"] = tuple(fields["stop"])
+    if "logit_bias" in fields:
+        fields["logit_bias"] = tuple((int(token), float(bias)) for token, bias in fields["logit_bias"])
     return SamplingParams(**fields)
 
 
