@@ -98,8 +98,10 @@ class BPETokenizer:
             return self.pieces[token_id]
         return self.token_bytes[token_id].decode("utf-8", errors="backslashreplace")
 
-    def decode(self, ids: list[int]) -> str:
-        """The whole sequence at once; control tokens produce no text."""
+    def decode(self, ids: list[int], control_text: bool = False) -> str:
+        """The whole sequence at once; control tokens produce no text, or (`control_text`) their own name."""
+        if control_text:
+            return b"".join(self.pieces[i].encode() if i in self.control_ids else self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     def end_of_turn_ids(self, eos_id: int | None) -> frozenset[int]:

@@ -316,3 +316,20 @@ def test_a_logit_bias_of_minus_100_on_the_greedy_first_token_changes_it(daphne_s
     biased = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True,  # type: ignore[arg-type]
                                             logit_bias={str(first_id): -100})
     assert biased.choices[0].logprobs.content[0].token != first  # type: ignore[union-attr,index]
+
+
+def test_tokenize_takes_chat_messages_and_detokenize_round_trips(daphne_server: Any, make_key: Any) -> None:
+    headers = {"Authorization": f"Bearer {make_key()}"}
+    templated = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "messages": SEED_QUESTION}, headers=headers, timeout=30).json()
+    assert templated["count"] == 27 and templated["prompt"].startswith("<|im_start|>system")
+    assert [s["kind"] for s in templated["segments"]].count("message") == 1
+    text = httpx.post(f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": templated["ids"]}, headers=headers, timeout=30).json()["text"]
+    assert text == templated["prompt"]
+    plain = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "What's the capital of India?"}, headers=headers, timeout=30).json()
+    assert plain["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
+    back = httpx.post(f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": plain["ids"]}, headers=headers, timeout=30).json()
+    assert back["text"] == "What's the capital of India?"
+    bad = httpx.post(f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": [10**8]}, headers=headers, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    both = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "x", "messages": SEED_QUESTION}, headers=headers, timeout=30)
+    assert both.status_code == 400

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from webapp.api.protocol import ChatCompletionRequest, TokenizeRequest
+from webapp.api.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -38,6 +38,7 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
     }
     chat_request = _schema(ChatCompletionRequest, components)
     tokenize_request = _schema(TokenizeRequest, components)
+    detokenize_request = _schema(DetokenizeRequest, components)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Roundtrip API", "version": "1", "description": "OpenAI-compatible chat completions on a real model, with server-side timings."},
@@ -62,7 +63,15 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                 "post": {
                     "summary": "Token ids and token strings for a text",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": tokenize_request}}},
-                    "responses": {"200": {"description": "ids, tokens, spans and count"}, **_errors(400, 401, 403, 404, 413)},
+                    "responses": {"200": {"description": "ids, tokens, spans and count (and for messages the rendered prompt and its segments)"},
+                                  **_errors(400, 401, 403, 404, 413)},
+                }
+            },
+            "/detokenize": {
+                "post": {
+                    "summary": "The text that token ids spell",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": detokenize_request}}},
+                    "responses": {"200": {"description": "text"}, **_errors(400, 401, 403, 404, 413)},
                 }
             },
         },

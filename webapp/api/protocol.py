@@ -162,11 +162,33 @@ class ChatCompletionRequest(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
-    """POST /v1/tokenize."""
+    """POST /v1/tokenize: plain `text`, or chat `messages` rendered with the model's template (ids, token strings, the
+    rendered prompt and its segments: system prompt, earlier turns, the new message, template markup)."""
 
     model_config = Strict
     model: str = Field(min_length=1)
-    text: str
+    text: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.text is None) == (self.messages is None):
+            raise _Conflict("text", "Give either 'text' or 'messages'.")
+        return self
+
+    @property
+    def chat_messages(self) -> list[dict[str, str]] | None:
+        if self.messages is None:
+            return None
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /v1/detokenize: token ids back to text."""
+
+    model_config = Strict
+    model: str = Field(min_length=1)
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
 
 
 class _Conflict(ValueError):

@@ -6,5 +6,6 @@ urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
     path("models", views.models, name="models"),
     path("tokenize", views.tokenize, name="tokenize"),
+    path("detokenize", views.detokenize, name="detokenize"),
     path("openapi.json", views.openapi, name="openapi"),
 ]

@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from webapp.api.completions import Assembler, chunk, completion, sse, timings
 from webapp.api.openapi import openapi_spec
-from webapp.api.protocol import ChatCompletionRequest, TokenizeRequest, json_body, parse
+from webapp.api.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest, json_body, parse
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage, route_model
@@ -233,12 +233,30 @@ async def tokenize(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
         identity = await _authenticate(ctx, request)
         body: TokenizeRequest = parse(TokenizeRequest, _body(request))
         route = route_model(ctx, identity, body.model)
-        answer = await client.tokenize(route, body.text)
+        answer = await client.tokenize(route, body.text, body.chat_messages)
     except GatewayError as exc:
         await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
         return _error(exc, ctx)
     await sync_to_async(record_usage)(ctx, 200, "", "", len(answer["ids"]))
-    return JsonResponse({"model": route.id, "ids": answer["ids"], "tokens": answer["tokens"], "spans": answer["spans"], "count": len(answer["ids"])})
+    out = {"model": route.id, "ids": answer["ids"], "tokens": answer["tokens"], "spans": answer["spans"], "count": len(answer["ids"])}
+    if body.messages is not None:
+        out |= {"prompt": answer["text"], "segments": answer["segments"]}
+    return JsonResponse(out)
+
+
+@api_view("POST", "detokenize")
+async def detokenize(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
+    """POST {"model", "tokens": [ids]} → {"text"}: the text those tokens spell."""
+    try:
+        identity = await _authenticate(ctx, request)
+        body: DetokenizeRequest = parse(DetokenizeRequest, _body(request))
+        route = route_model(ctx, identity, body.model)
+        text = await client.detokenize(route, body.tokens)
+    except GatewayError as exc:
+        await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
+        return _error(exc, ctx)
+    await sync_to_async(record_usage)(ctx, 200, "", "", len(body.tokens))
+    return JsonResponse({"model": route.id, "text": text})
 
 
 async def openapi(request: HttpRequest) -> HttpResponse:

@@ -21,7 +21,7 @@ from inference.params import SamplingParams
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.routing import ModelRoute
 from webapp.worker import registry
-from webapp.worker.protocol import GenerateRequest, InspectRequest, TokenizeRequest, WorkerStatus, params_to_dict
+from webapp.worker.protocol import DetokenizeRequest, GenerateRequest, InspectRequest, TokenizeRequest, WorkerStatus, params_to_dict
 
 
 def new_request_id() -> str:
@@ -251,9 +251,20 @@ async def _ask(route: ModelRoute, message: dict[str, Any], answer: str) -> dict[
             registry.in_flight[worker] -= 1
 
 
-async def tokenize(route: ModelRoute, text: str) -> dict[str, Any]:
-    message: TokenizeRequest = {"type": "tokenize", "model": route.id, "request_id": "", "reply_to": "", "text": text}
+async def tokenize(route: ModelRoute, text: str | None = None, messages: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """Ids and token strings for plain `text`, or for `messages` rendered with the model's chat template."""
+    message: TokenizeRequest = {"type": "tokenize", "model": route.id, "request_id": "", "reply_to": ""}
+    if messages is not None:
+        message["messages"] = messages
+    else:
+        message["text"] = text or ""
     return await _ask(route, dict(message), "tokens")
+
+
+async def detokenize(route: ModelRoute, ids: list[int]) -> str:
+    message: DetokenizeRequest = {"type": "detokenize", "model": route.id, "request_id": "", "reply_to": "", "ids": ids}
+    text: str = (await _ask(route, dict(message), "text"))["text"]
+    return text
 
 
 async def inspect(route: ModelRoute, ids: list[int]) -> dict[str, Any]:

@@ -55,11 +55,22 @@ class GenerateRequest(TypedDict):
 
 
 class TokenizeRequest(TypedDict):
+    """Either `text` (tokenized as plain text) or `messages` (rendered with the chat template first)."""
+
     type: Literal["tokenize"]
     model: str
     request_id: str
     reply_to: str
-    text: str
+    text: NotRequired[str]
+    messages: NotRequired[list[dict[str, str]]]
+
+
+class DetokenizeRequest(TypedDict):
+    type: Literal["detokenize"]
+    model: str
+    request_id: str
+    reply_to: str
+    ids: list[int]
 
 
 class InspectRequest(TypedDict):
@@ -148,6 +159,14 @@ class TokensReply(TypedDict):
     ids: list[int]
     tokens: list[str]
     spans: list[list[int]]
+    text: NotRequired[str]  # for messages: the rendered prompt the spans point into
+    segments: NotRequired[list[dict[str, Any]]]  # for messages: system / history / message / markup ranges
+
+
+class TextReply(TypedDict):
+    type: Literal["text"]
+    request_id: str
+    text: str
 
 
 class InspectionReply(TypedDict):

@@ -10,6 +10,7 @@ replies go out through `emit`, which hands them to the event loop in order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -31,10 +32,12 @@ from inference.trace_json import detail_to_dict, event_to_dict
 from webapp.metrics import metrics
 from webapp.worker.protocol import (
     Accepted,
+    DetokenizeRequest,
     GenerateRequest,
     InspectRequest,
     ModelSlots,
     TokenizeRequest,
+    TokensReply,
     error_reply,
     overloaded,
     params_from_dict,
@@ -138,12 +141,34 @@ class EngineRunner:
         """Answer on the prepare thread: the tokenizer needs no torch, and a long text must not block the event loop."""
         tokenizer = self.models[model_id].pipeline.loaded.tokenizer
 
+        pipeline = self.models[model_id].pipeline
+
         def answer() -> None:
-            enc = tokenizer.encode(str(message.get("text", "")))
-            self._emit(message["reply_to"], {"type": "tokens", "request_id": message["request_id"], "ids": enc.ids, "tokens": enc.tokens,
-                                             "spans": [list(s) for s in enc.spans]})
+            try:
+                if "messages" in message:
+                    prompt = pipeline.loaded.chat_template.render(message["messages"])  # type: ignore[arg-type]
+                    reply: TokensReply = {"type": "tokens", "request_id": message["request_id"], "ids": prompt.ids, "tokens": prompt.tokens,
+                                          "spans": [list(s) for s in prompt.spans], "text": prompt.text,
+                                          "segments": [dataclasses.asdict(segment) for segment in prompt.segments]}
+                else:
+                    enc = tokenizer.encode(str(message.get("text", "")))
+                    reply = {"type": "tokens", "request_id": message["request_id"], "ids": enc.ids, "tokens": enc.tokens,
+                             "spans": [list(s) for s in enc.spans]}
+            except Exception as exc:  # a template the messages do not fit: the client's error, in its words
+                self._emit(message["reply_to"], error_reply(message["request_id"], exc))
+                return
+            self._emit(message["reply_to"], reply)
 
         self._prepare.submit(answer)
+
+    def detokenize(self, model_id: str, message: DetokenizeRequest) -> None:
+        tokenizer = self.models[model_id].pipeline.loaded.tokenizer
+        ids = message["ids"]
+        if any(not isinstance(i, int) or not 0 <= i < tokenizer.vocab_size for i in ids):
+            bad = InvalidRequestError(f"'tokens' must be token ids below {tokenizer.vocab_size}", "tokens")
+            self._emit(message["reply_to"], error_reply(message["request_id"], bad))
+            return
+        self._emit(message["reply_to"], {"type": "text", "request_id": message["request_id"], "text": tokenizer.decode(ids, control_text=True)})
 
     def inspect(self, model_id: str, message: InspectRequest) -> None:
         self._commands.put(("inspect", (model_id, message)))

@@ -226,6 +226,8 @@ async def _route(layer: BaseChannelLayer, message: dict[str, Any], model_id: str
         runner.submit(model_id, message)  # type: ignore[arg-type]
     elif kind == "tokenize":
         runner.tokenize(model_id, message)  # type: ignore[arg-type]
+    elif kind == "detokenize":
+        runner.detokenize(model_id, message)  # type: ignore[arg-type]
     elif kind == "inspect":
         runner.inspect(model_id, message)  # type: ignore[arg-type]
     else:
