@@ -98,6 +98,10 @@ class ChatTemplate:
         text, contents = _strip_sentinels(raw, opens, close)
         return self._tokenize(text, contents, messages)
 
+    def plain(self, text: str) -> Prompt:
+        """Text as it is, without the template (legacy completions): one segment, control-token text stays text."""
+        return self._tokenize(text, {0: (0, len(text))}, [{"role": "user", "content": text}])
+
     def _tokenize(self, text: str, contents: dict[int, tuple[int, int]], messages: Sequence[Message]) -> Prompt:
         ids: list[int] = []
         spans: list[tuple[int, int]] = []

@@ -32,6 +32,7 @@ class SamplingParams:
     top_logprobs: int = 0
     ignore_eos: bool = False  # keep going past end-of-turn tokens: fixed output lengths for benchmarks
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's -100..100
+    grammar: str | None = None  # Lark text (llguidance's dialect, JSON schemas as %json): only what it allows is drawn
 
     def validate(self) -> None:
         def bad(param: str, rule: str) -> InvalidRequestError:

@@ -16,6 +16,7 @@ from typing import Generator, Sequence
 
 from inference.chat_template import Message, Prompt
 from inference.errors import ContextLengthExceededError
+from inference.grammar import Grammar
 from inference.loader import LoadedModel
 from inference.params import SamplingParams
 from inference.scheduler import Scheduler, SchedulerConfig
@@ -32,6 +33,7 @@ class PreparedRequest:
     dropped_messages: int
     received_at: float
     tokenize_seconds: float
+    grammar: Grammar | None = None  # built from params.grammar: structured output or a forced tool call
 
 
 class ChatPipeline:
@@ -45,8 +47,11 @@ class ChatPipeline:
         truncate_history: bool = False,
         received_at: float | None = None,
         fit_max_tokens: bool = False,
+        text: str | None = None,
     ) -> PreparedRequest:
         """Validate and tokenize; raises InvalidRequestError (or ContextLengthExceededError) on a bad request.
+
+        `text` instead of messages: a raw prompt, without the chat template (legacy completions).
 
         With truncate_history, the oldest turns after the system prompt are dropped until
         the prompt fits (the newest message always stays); the count is reported. With
@@ -62,18 +67,25 @@ class ChatPipeline:
         kept = list(messages)
         dropped = 0
         while True:
-            prompt = self.loaded.chat_template.render(kept)
+            prompt = self.loaded.chat_template.render(kept) if text is None else self.loaded.chat_template.plain(text)
             if fit_max_tokens and len(prompt.ids) < limit:
                 params = dataclasses.replace(params, max_tokens=min(params.max_tokens, limit - len(prompt.ids)))
             fits = len(prompt.ids) + params.max_tokens <= limit
             first_turn = 1 if kept and kept[0]["role"] == "system" else 0
-            if fits or not truncate_history or len(kept) - first_turn <= 1:
+            if fits or text is not None or not truncate_history or len(kept) - first_turn <= 1:
                 break
             del kept[first_turn]
             dropped += 1
         if not fits:
             raise ContextLengthExceededError(len(prompt.ids), params.max_tokens, limit)
-        return PreparedRequest(prompt, params, dropped, received, time.perf_counter() - started)
+        grammar = self._grammar(params.grammar) if params.grammar else None
+        return PreparedRequest(prompt, params, dropped, received, time.perf_counter() - started, grammar)
+
+    def _grammar(self, lark: str) -> Grammar:
+        """The request's matcher (built here, off the engine thread: compiling a schema takes up to milliseconds)."""
+        stops = self.loaded.stop_ids
+        eos = min(stops, key=lambda i: self.loaded.tokenizer.pieces[i] != "<|im_end|>")  # the turn's end, else any stop token
+        return Grammar(lark, self.loaded.tokenizer, eos, sorted(stops))
 
     def sequence_request(
         self, request: PreparedRequest, request_id: str, level: TraceLevel = TraceLevel.OFF, step_mode: bool = False
@@ -85,7 +97,7 @@ class ChatPipeline:
             self.loaded.config.context_length, request.dropped_messages,
         )
         return SequenceRequest(request_id, list(prompt.ids), request.params, level, step_mode, request.received_at,
-                               request.tokenize_seconds, context)
+                               request.tokenize_seconds, context, request.grammar)
 
     @staticmethod
     def tokenized(request: PreparedRequest) -> Tokenized:

@@ -8,6 +8,7 @@ so all of that is tested without a model (feed it logits by hand).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -16,6 +17,7 @@ from typing import Sequence
 from torch import Tensor
 
 from inference.detokenizer import IncrementalDetokenizer
+from inference.grammar import Grammar
 from inference.params import SamplingParams
 from inference.sampling import Sampler
 from inference.trace import (
@@ -53,6 +55,7 @@ class SequenceRequest:
     received_at: float = field(default_factory=time.perf_counter)  # when the request reached the worker
     tokenize_seconds: float = 0.0
     context: ContextBuilt | None = None  # the context event to complete with the cache hit at admission
+    grammar: Grammar | None = None  # structured output: only tokens this grammar allows are drawn
 
 
 class SequenceState:
@@ -144,7 +147,13 @@ class SequenceState:
     def sample(self, logits: Tensor) -> list[TraceEvent]:
         """Pick the next token from this sequence's float32 logits [V]; its events, and Finished when it is done."""
         started = time.perf_counter()
-        sample = self.sampler.sample(logits, DETAIL_TOP_N if self.traced else 0)
+        grammar = self.request.grammar
+        allowed = grammar.allowed() if grammar is not None else None
+        sample = self.sampler.sample(logits, DETAIL_TOP_N if self.traced else 0, allowed)
+        if grammar is not None:
+            grammar.advance(sample.token_id)
+            if sample.detail is not None:
+                sample = dataclasses.replace(sample, detail=dataclasses.replace(sample.detail, mask_seconds=grammar.mask_seconds))
         now = time.perf_counter()
         is_stop = sample.token_id in self.stop_ids
         self.generated.append(sample.token_id)

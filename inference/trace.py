@@ -35,7 +35,7 @@ class Candidate:
     token_id: int
     raw_prob: float  # the model's own softmax
     adjusted_prob: float  # after penalties and temperature
-    removed_by: str | None  # "top_k", "top_p", "min_p" or None (kept)
+    removed_by: str | None  # "top_k", "top_p", "min_p", "grammar", "greedy" or None (kept)
     final_prob: float  # renormalised over the kept tokens: the chance it was drawn
     bias: float = 0.0  # the request's logit_bias for this token, added before everything else
 
@@ -48,6 +48,8 @@ class SamplingDetail:
     draw: float | None  # the uniform number in [0, 1) that picked the token; None when greedy
     kept: int  # tokens left after the filters
     eos_prob: float  # raw probability of ending the turn now
+    grammar_cut: int = 0  # tokens the request's grammar (structured output, forced tool call) removed
+    mask_seconds: float = 0.0  # what computing that grammar's mask cost
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,9 @@ def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     if agreed == len(expected):
         assert ours == expected
         return
+    # A near-tie: both tokens among the best three, their logits within 0.5. (Recomputed in one multi-row pass, which a
+    # split format such as int4 decode + fp32 prefill runs with the other weights, so either of the two may lead.)
     logits = last_logits(smollm2_pipeline.loaded.model, case["prompt_ids"] + expected[:agreed])
-    assert int(logits.argmax()) == ours[agreed]
-    assert expected[agreed] in torch.topk(logits, 3).indices.tolist()
-    assert float(logits[ours[agreed]] - logits[expected[agreed]]) < 0.5
+    best3 = torch.topk(logits, 3).indices.tolist()
+    assert ours[agreed] in best3 and expected[agreed] in best3
+    assert abs(float(logits[ours[agreed]] - logits[expected[agreed]])) < 0.5

@@ -203,8 +203,10 @@ async def generate(
     truncate_history: bool = False,
     fit_max_tokens: bool = False,
     step: bool = False,
+    prompt: str | None = None,
 ) -> Generation:
-    """Send a generate request to the model's least-loaded worker and wait until it is accepted."""
+    """Send a generate request to the model's least-loaded worker and wait until it is accepted.
+    `prompt`: raw text instead of `messages` (pass []), without the chat template."""
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
     channel, worker = await _target(route)
@@ -222,6 +224,8 @@ async def generate(
         "step": step,
         "sent_at": time.time(),
     }
+    if prompt is not None:
+        request["prompt"] = prompt
     try:
         await _send(layer, channel, request)
         await generation.start()

@@ -38,6 +38,7 @@ class SamplingDict(TypedDict, total=False):
     top_logprobs: int
     ignore_eos: bool
     logit_bias: list[list[float]]  # [[token id, bias], ...]
+    grammar: str  # Lark text for constrained decoding
 
 
 class GenerateRequest(TypedDict):
@@ -46,6 +47,7 @@ class GenerateRequest(TypedDict):
     request_id: str
     reply_to: str
     messages: list[dict[str, str]]  # {"role", "content"}, checked by the gateway's parser
+    prompt: NotRequired[str]  # instead of messages: raw text without the chat template (legacy completions)
     params: SamplingDict
     level: str  # "off" | "summary" | "full"
     truncate_history: bool

@@ -192,6 +192,7 @@ class EngineRunner:
                 bool(msg.get("truncate_history")),
                 received_at=job.received_at,
                 fit_max_tokens=bool(msg.get("fit_max_tokens")),
+                text=msg.get("prompt"),
             )
             job.level = TraceLevel(msg.get("level", "off"))
             if msg.get("step") and job.level == TraceLevel.OFF:
