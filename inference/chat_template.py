@@ -13,13 +13,14 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, Sequence, TypedDict
+from typing import Any, Literal, Mapping, NotRequired, Sequence, TypedDict
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from inference.errors import InvalidRequestError, ModelFileError
 from inference.tokenizer import BPETokenizer
+from inference.tool_prompt import plain_messages, template_takes_tools
 
 ROLES = ("system", "user", "assistant")
 SegmentKind = Literal["system", "history", "message", "markup"]
@@ -34,6 +35,9 @@ CHATML_TEMPLATE = (
 class Message(TypedDict):
     role: str
     content: str
+    tool_calls: NotRequired[list[dict[str, Any]]]  # an assistant's calls: [{"id", "type", "function": {"name", "arguments"}}]
+    tool_call_id: NotRequired[str]  # a tool message: the call it answers
+    name: NotRequired[str]
 
 
 @dataclass(frozen=True)
@@ -82,16 +86,23 @@ class ChatTemplate:
         specials = sorted(tokenizer.special_ids, key=len, reverse=True)
         self._special_re = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> Prompt:
-        """Render and tokenize; raises InvalidRequestError for messages the template cannot take."""
-        _validate(messages)
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None) -> Prompt:
+        """Render and tokenize; raises InvalidRequestError for messages the template cannot take.
+
+        Tools (function definitions) and tool messages go to a template that renders tools; for any
+        other template they are rewritten first (see `inference.tool_prompt`)."""
+        native = template_takes_tools(self.source)
+        if not native and (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)):
+            messages = plain_messages(messages, tools)  # type: ignore[assignment]
+        _validate(messages, ROLES + ("tool",) if native else ROLES)
         nonce = secrets.token_hex(8)
         opens = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
         close = f"\ue002{nonce}\ue003"
-        wrapped = [{"role": m["role"], "content": opens[i] + m["content"] + close} for i, m in enumerate(messages)]
+        wrapped = [{**m, "content": opens[i] + m["content"] + close} for i, m in enumerate(messages)]
+        extra = {"tools": [{"type": "function", "function": t} for t in tools]} if native and tools else {}
         try:
             raw = self._template.render(
-                messages=wrapped, add_generation_prompt=add_generation_prompt, bos_token=self._bos, eos_token=self._eos
+                messages=wrapped, add_generation_prompt=add_generation_prompt, bos_token=self._bos, eos_token=self._eos, **extra
             )
         except TemplateError as exc:
             raise InvalidRequestError(f"The model's chat template rejected these messages: {exc}", "messages") from exc
@@ -133,13 +144,13 @@ class ChatTemplate:
         return pieces
 
 
-def _validate(messages: Sequence[Message]) -> None:
+def _validate(messages: Sequence[Message], roles: tuple[str, ...]) -> None:
     if not messages:
         raise InvalidRequestError("messages must contain at least one message", "messages")
     for i, m in enumerate(messages):
-        if m.get("role") not in ROLES:
+        if m.get("role") not in roles:
             raise InvalidRequestError(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}", f"messages[{i}].role"
+                f"messages[{i}].role must be one of {', '.join(roles)}, got {m.get('role')!r}", f"messages[{i}].role"
             )
         if not isinstance(m.get("content"), str):
             raise InvalidRequestError(f"messages[{i}].content must be a string", f"messages[{i}].content")

@@ -12,7 +12,7 @@ import dataclasses
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Generator, Sequence
+from typing import Any, Generator, Mapping, Sequence
 
 from inference.chat_template import Message, Prompt
 from inference.errors import ContextLengthExceededError
@@ -48,10 +48,12 @@ class ChatPipeline:
         received_at: float | None = None,
         fit_max_tokens: bool = False,
         text: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> PreparedRequest:
         """Validate and tokenize; raises InvalidRequestError (or ContextLengthExceededError) on a bad request.
 
         `text` instead of messages: a raw prompt, without the chat template (legacy completions).
+        `tools`: function definitions the model may call, shown to it as its template (or `inference.tool_prompt`) says.
 
         With truncate_history, the oldest turns after the system prompt are dropped until
         the prompt fits (the newest message always stays); the count is reported. With
@@ -67,7 +69,7 @@ class ChatPipeline:
         kept = list(messages)
         dropped = 0
         while True:
-            prompt = self.loaded.chat_template.render(kept) if text is None else self.loaded.chat_template.plain(text)
+            prompt = self.loaded.chat_template.render(kept, tools=tools) if text is None else self.loaded.chat_template.plain(text)
             if fit_max_tokens and len(prompt.ids) < limit:
                 params = dataclasses.replace(params, max_tokens=min(params.max_tokens, limit - len(prompt.ids)))
             fits = len(prompt.ids) + params.max_tokens <= limit
@@ -98,6 +100,22 @@ class ChatPipeline:
         )
         return SequenceRequest(request_id, list(prompt.ids), request.params, level, step_mode, request.received_at,
                                request.tokenize_seconds, context, request.grammar)
+
+    def sequence_requests(
+        self, request: PreparedRequest, request_id: str, n: int = 1, level: TraceLevel = TraceLevel.OFF, step_mode: bool = False
+    ) -> list[SequenceRequest]:
+        """`n` choices of one request: the first as `sequence_request` makes it; each other one (id "<id>#<i>") with
+        seed + i, its own grammar matcher, and the first choice's prompt cache to start from."""
+        first = self.sequence_request(request, request_id, level, step_mode)
+        seed = request.params.seed or 0
+        others = [
+            dataclasses.replace(
+                first, request_id=f"{request_id}#{i}", params=dataclasses.replace(request.params, seed=(seed + i) % 2**64),
+                grammar=self._grammar(request.params.grammar) if request.params.grammar else None, shares_prompt_with=request_id,
+            )
+            for i in range(1, n)
+        ]
+        return [first, *others]
 
     @staticmethod
     def tokenized(request: PreparedRequest) -> Tokenized:

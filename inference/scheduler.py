@@ -261,7 +261,7 @@ class Scheduler:
         capacity = max((s.reserve for s in self.running), default=0)
         count = 0
         for state in list(self.waiting)[:limit]:
-            if len(self.running) + count + 1 > self.config.max_batch:
+            if len(self.running) + count + 1 > self.config.max_batch or self._awaits_sibling(state):
                 break
             capacity = max(capacity, state.reserve)
             if self._bytes(len(self.running) + count + 1, round_capacity(capacity)) > self.config.kv_budget_bytes:
@@ -283,11 +283,29 @@ class Scheduler:
         for state in newcomers:
             slot = len(self.running)
             self.running.append(state)
+            sibling = self._sibling(state)
+            if sibling is not None and sibling.slot is not None:  # copy the other choice's prompt, all but its last token
+                shared = len(state.prompt_ids) - 1
+                k, v = self.cache.read(sibling.slot, 0, shared)
+                self.cache.load(slot, 0, k, v)
+                outputs.append(SequenceOutput(state.request_id, state.admit(slot, shared, now)))
+                continue
             hit = self.prefix_cache.lookup(state.prompt_ids, len(state.prompt_ids) - 1)
             if hit.k is not None and hit.v is not None:
                 self.cache.load(slot, 0, hit.k, hit.v)
             outputs.append(SequenceOutput(state.request_id, state.admit(slot, hit.tokens, now)))
         return outputs
+
+    def _sibling(self, state: SequenceState) -> SequenceState | None:
+        """The running choice whose prompt this one shares (n > 1), if it is still here."""
+        other = self._known.get(state.request.shares_prompt_with or "")
+        return other if other is not None and other.slot is not None else None
+
+    def _awaits_sibling(self, state: SequenceState) -> bool:
+        """A later choice waits while the first is queued or still prefilling (then it copies the finished prompt)."""
+        name = state.request.shares_prompt_with
+        other = self._known.get(name) if name else None
+        return other is not None and (other.slot is None or other.computed < len(state.prompt_ids) - 1)
 
     def _drop_aborted(self) -> list[SequenceOutput]:
         if not self._aborted:

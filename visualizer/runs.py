@@ -16,12 +16,11 @@ from typing import Any, AsyncIterator
 
 from asgiref.sync import sync_to_async
 
-from webapp.api.completions import Assembler
 from webapp.api.protocol import ChatCompletionRequest, parse
 from webapp.gateway import client
-from webapp.gateway.errors import GatewayError, bad_request
-from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
+from webapp.gateway.errors import bad_request
 from webapp.gateway.identity import identify_session
+from webapp.gateway.lifecycle import Turn
 from visualizer.models import Conversation
 
 LEVELS = ("summary", "full")
@@ -66,63 +65,44 @@ class Run:
         return {"model": p.get("model", "default"), "messages": p.get("messages"), **params}, level, bool(p.get("step"))
 
     async def frames(self) -> AsyncIterator[dict[str, Any]]:
-        ctx = RequestContext(client.new_request_id(), "ws.chat", self.visitor.client_ip, stream=True)
-        yield {"type": "request", "request_id": ctx.request_id, "body": self.payload, "t": time.time()}
-        assembler = Assembler(False)
-        status, code = 200, ""
+        turn = Turn("ws.chat", self.visitor.client_ip, stream=True)
+        ctx = turn.ctx
+        yield {"type": "request", "request_id": turn.request_id, "body": self.payload, "t": time.time()}
+        request: ChatCompletionRequest | None = None
         try:
-            started = time.perf_counter()
-            identity = identify_session(self.visitor.user_id, self.visitor.session_key)
-            ctx.identity = identity
-            ctx.timed("authenticate", started, who=identity.label)
+            identity = turn.authenticated(identify_session(self.visitor.user_id, self.visitor.session_key), time.perf_counter())
             body, level, step = self._body()
-            request: ChatCompletionRequest = parse(ChatCompletionRequest, body)
+            request = parse(ChatCompletionRequest, body)
             ctx.prompt_text = request.chat_messages[-1]["content"]
-            await sync_to_async(limit_and_route)(ctx, identity, request.model)
-            assert ctx.route is not None and ctx.rate is not None
+            route = await turn.admit(request.model)
+            assert ctx.rate is not None
             yield {
                 "type": "gateway",
                 "identity": identity.label,
-                "model": ctx.route.id,
-                "channel": ctx.route.work_channel,
+                "model": route.id,
+                "channel": route.work_channel,
                 "limits": dataclasses.asdict(identity.limits),
                 "rate": ctx.rate.counted,
                 "stages": [{"name": s.name, "ms": s.seconds * 1000, "detail": s.detail} for s in ctx.stages],
             }
-            self.generation = await client.generate(
-                ctx.route, request.chat_messages, request.params, level, ctx.request_id, fit_max_tokens=not request.max_tokens_given, step=step
-            )
-            assembler.prompt_tokens = self.generation.accepted.get("prompt_tokens", 0)
+            self.generation = await turn.generate(request.chat_messages, request.params, level, fit_max_tokens=not request.max_tokens_given, step=step)
             yield {"type": "accepted", **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")}}
-            ctx.worker = self.generation.worker or ""
-            async for message in self.generation.messages():
+            async for message in turn.messages():
                 if message["type"] == "waiting":
                     yield {"type": "waiting", "ahead": message["ahead"]}
-                    continue
-                assembler.feed(message["event"])
-                yield {"type": "trace", "event": message["event"]}
-            if self.generation.cancelled:
-                status, code = 499, "cancelled"
-        except GatewayError as exc:
-            status, code = exc.status, exc.code or exc.type
-            await asyncio.shield(self.cancel())  # nothing may keep running (or stay paused) for a turn that ended
-            yield {"type": "error", "status": exc.status, "code": exc.code, "message": exc.message, "param": exc.param}
-        except asyncio.CancelledError:
-            status, code = 499, "client_closed_request"
-            await asyncio.shield(self.cancel())
+                else:
+                    yield {"type": "trace", "event": message["event"]}
+        except asyncio.CancelledError as exc:  # the socket closed: nothing may keep running (or stay paused)
+            turn.fail(exc)
+            await turn.settle()
             raise
-        finally:
-            if self.generation is not None:
-                self.generation.close()
-            usage = assembler.usage()
-            ttft = None if assembler.first_token_at is None else assembler.first_token_at - ctx.started
-            finish = assembler.finish_reason if status == 200 else ("cancelled" if status == 499 else "error")
-            record = await asyncio.shield(
-                sync_to_async(record_usage)(ctx, status, finish, code, usage["prompt_tokens"], usage["completion_tokens"], ttft,
-                                            usage["prompt_tokens_details"]["cached_tokens"])
-            )
-        if assembler.finished is not None:
-            await sync_to_async(self._save_exchange)(ctx.request_id, request.chat_messages, "".join(assembler.text))
+        except Exception as exc:  # refused, failed, or something unexpected: the page always hears why
+            error = turn.fail(exc)
+            yield {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
+        record = await turn.settle()
+        finished = turn.usage.finished.get(0)
+        if finished is not None and request is not None:
+            await sync_to_async(self._save_exchange)(turn.request_id, request.chat_messages, str(finished["text"]))
         yield {
             "type": "usage",
             "record": {"id": record.pk, "request_id": record.request_id, "status": record.status, "finish_reason": record.finish_reason,
@@ -130,7 +110,7 @@ class Run:
                        "ttft_ms": record.ttft_ms, "total_ms": record.total_ms, "model": record.model},
             "stages": [{"name": s.name, "ms": s.seconds * 1000} for s in ctx.stages],
         }
-        yield {"type": "done", "request_id": ctx.request_id, "conversation": self.payload.get("conversation")}
+        yield {"type": "done", "request_id": turn.request_id, "conversation": self.payload.get("conversation")}
 
     def _save_exchange(self, request_id: str, messages: list[dict[str, str]], answer: str) -> None:
         """Keep the turn: in the conversation the page named (if it is this visitor's), else in a new one."""
@@ -149,19 +129,18 @@ class Run:
 
 async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
     """The page asks for more: full-level detail of one token after the fact, through the same gateway."""
-    ctx = RequestContext(client.new_request_id(), "ws.inspect", visitor.client_ip)
-    status, code = 200, ""
+    turn = Turn("ws.inspect", visitor.client_ip)
     try:
-        identity = identify_session(visitor.user_id, visitor.session_key)
-        await sync_to_async(limit_and_route)(ctx, identity, str(frame.get("model", "default")))
-        assert ctx.route is not None
+        turn.authenticated(identify_session(visitor.user_id, visitor.session_key), time.perf_counter())
+        route = await turn.admit(str(frame.get("model", "default")))
         ids = frame.get("ids")
         if not isinstance(ids, list):
             raise bad_request("'ids' must be a list of token ids.", "ids")
-        detail = await client.inspect(ctx.route, ids)  # the worker checks each id against its vocabulary
+        turn.usage.prompt_tokens = len(ids)
+        detail = await client.inspect(route, ids)  # the worker checks each id against its vocabulary
         return {"type": "inspection", "step": frame.get("step"), "detail": detail}
-    except GatewayError as exc:
-        status, code = exc.status, exc.code or exc.type
-        return {"type": "error", "status": exc.status, "code": exc.code, "message": exc.message, "param": exc.param}
+    except Exception as exc:
+        error = turn.fail(exc)
+        return {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
     finally:
-        await asyncio.shield(sync_to_async(record_usage)(ctx, status, "" if status == 200 else "error", code, len(frame.get("ids") or [])))
+        await turn.settle()

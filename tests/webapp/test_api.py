@@ -261,7 +261,7 @@ def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, 
         (json.dumps({"model": "tiny", "messages": []}).encode(), {}, 400, "at least one message"),
         (json.dumps({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(), {}, 400, "messages[0].role"),
         (json.dumps({"model": "tiny", "messages": [{"role": "user"}]}).encode(), {}, 400, "messages[0].content"),
-        (json.dumps({"model": "tiny", "messages": HI, "n": 3}).encode(), {}, 400, "n=1"),
+        (json.dumps({"model": "tiny", "messages": HI, "n": 9}).encode(), {}, 400, "between 1 and 8"),
         (b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"a" * (2 * 1024 * 1024) + b'"}]}', {}, 413, "too large"),
     ],
 )

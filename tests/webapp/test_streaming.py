@@ -1,4 +1,5 @@
-"""The SSE generator on its own: an error after the stream started, and a client that leaves."""
+"""The SSE generator on its own, over a gateway Turn with a scripted generation: an error after the stream
+started (expected or not), and a client that leaves."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from django.test import override_settings
 
 from loops import run_async
 from webapp.api.protocol import ChatCompletionRequest
+from webapp.api.completions import choices_for
 from webapp.api.views import _stream
 from webapp.gateway.client import Generation
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, record_usage
 from webapp.gateway.identity import identify_session
+from webapp.gateway.lifecycle import Turn
 from webapp.gateway.routing import ModelRoute
 from webapp.usage.models import UsageRecord
 
@@ -31,12 +34,12 @@ class ScriptedGeneration(Generation):
         self.script = events
         self.cancelled = False
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
         for item in self.script:
             if isinstance(item, Exception):
                 raise item
             await asyncio.sleep(0)
-            yield item
+            yield {"type": "event", "event": item, "index": 0}
 
     async def cancel(self) -> None:
         self.cancelled = True
@@ -52,6 +55,17 @@ def _ctx() -> RequestContext:
     return ctx
 
 
+def _turn(generation: Generation) -> Turn:
+    turn = Turn("chat.completions", "127.0.0.1", stream=True)
+    turn.ctx = _ctx()
+    turn.generation = generation
+    return turn
+
+
+def _stream_of(generation: Generation) -> AsyncIterator[bytes]:
+    return _stream(_turn(generation), _request(), choices_for(1, False))
+
+
 SAMPLED = {"event": "sampled", "is_stop": False, "token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}
 TEXT = {"event": "text", "text": "Hi"}
 
@@ -60,7 +74,7 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None
     generation = ScriptedGeneration([SAMPLED, TEXT, GatewayError(500, "The model failed: boom", "server_error", "server_error")])
 
     async def collect() -> list[bytes]:
-        return [part async for part in _stream(_ctx(), _request(), generation)]
+        return [part async for part in _stream_of(generation)]
 
     parts = run_async(collect())
     assert generation.cancelled  # the worker is told to stop
@@ -72,11 +86,26 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None
     assert (row.status, row.finish_reason, row.completion_tokens) == (500, "error", 1)
 
 
+def test_an_unexpected_exception_mid_stream_is_a_server_error_event_and_an_error_row() -> None:
+    generation = ScriptedGeneration([SAMPLED, TEXT, RuntimeError("internal detail that must not leak")])
+
+    async def collect() -> list[bytes]:
+        return [part async for part in _stream_of(generation)]
+
+    parts = run_async(collect())
+    assert parts[-1] == b"data: [DONE]\n\n"
+    error = json.loads(parts[-2].removeprefix(b"data: "))["error"]
+    assert error["code"] == "server_error" and "internal detail" not in error["message"] and "chatcmpl-test" in error["message"]
+    assert generation.cancelled
+    row = UsageRecord.objects.get(request_id="chatcmpl-test")
+    assert (row.status, row.finish_reason, row.error_code) == (500, "error", "server_error")
+
+
 def test_a_client_that_leaves_cancels_the_generation_and_is_logged() -> None:
     generation = ScriptedGeneration([SAMPLED, TEXT] * 50)
 
     async def leave_early() -> None:
-        stream = _stream(_ctx(), _request(), generation)
+        stream = _stream_of(generation)
         await stream.__anext__()
         await stream.__anext__()
         await stream.aclose()  # what Django does when the client disconnects

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from webapp.api.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
+from webapp.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -37,6 +37,7 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
         }
     }
     chat_request = _schema(ChatCompletionRequest, components)
+    completion_request = _schema(CompletionRequest, components)
     tokenize_request = _schema(TokenizeRequest, components)
     detokenize_request = _schema(DetokenizeRequest, components)
     return {
@@ -52,6 +53,19 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "A chat.completion object, or text/event-stream of chat.completion.chunk objects ending with [DONE]",
+                            "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
+                        },
+                        **_errors(400, 401, 403, 404, 405, 413, 429, 503),
+                    },
+                }
+            },
+            "/completions": {
+                "post": {
+                    "summary": "Continue a raw text prompt (legacy completions, no chat template; SSE when stream is true)",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": completion_request}}},
+                    "responses": {
+                        "200": {
+                            "description": "A text_completion object, or text/event-stream of text_completion chunks ending with [DONE]",
                             "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
                         },
                         **_errors(400, 401, 403, 404, 405, 413, 429, 503),

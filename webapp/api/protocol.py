@@ -16,10 +16,15 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from inference.params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams
+from webapp.api import structured
 from webapp.gateway.errors import GatewayError, bad_request
 
 Strict = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MAX_MESSAGES = 4096  # far beyond any context window this server holds; a cheap first bound
+MAX_N = 8  # choices per request: each takes a slot of the batch
+MAX_TOOLS = 128
+LEGACY_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 
 
 class TextPart(BaseModel):
@@ -63,6 +68,61 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class JsonSchemaSpec(BaseModel):
+    model_config = Strict
+    name: FunctionName
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`text`, `json_object` (any JSON object) or `json_schema` (JSON valid against the given schema)."""
+
+    model_config = Strict
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_where_needed(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise _Conflict("response_format.json_schema", "'json_schema' is required with type 'json_schema', and only there.")
+        return self
+
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        if self.type == "json_object":
+            return structured.ANY_OBJECT
+        if self.json_schema is not None:
+            return self.json_schema.schema_ or structured.ANY_OBJECT
+        return None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = Strict
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = Strict
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = Strict
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = Strict
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class StreamOptions(BaseModel):
     model_config = Strict
     include_usage: bool = False
@@ -72,12 +132,11 @@ class StreamOptions(BaseModel):
 Probability = Annotated[float, Field(ge=0, le=1)]
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions."""
+class SamplingFields(BaseModel):
+    """The sampling and streaming fields both completion endpoints share, and their conversion to SamplingParams."""
 
     model_config = Strict
     model: str = Field(min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
@@ -86,49 +145,16 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     stop: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
-    n: Literal[1] = 1
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = Field(
+        None, description="Makes sampling repeatable (under the same system_fingerprint); with n > 1, choice i uses seed + i.")
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = Field(1, description=f"Choices to generate (at most {MAX_N}): one prefill, decoded together.")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(None, description="Your id for the end user; kept in this server's usage log.")
     ignore_eos: bool = Field(False, description="Keep generating past end-of-turn tokens (fixed output lengths for benchmarks).")
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         None, description="Token id (as a string) to a value added to its logit before sampling, -100 to 100.")
-    # Accepted for compatibility; they change nothing here (listed in x-roundtrip-ignored-fields).
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    parallel_tool_calls: bool | None = None
-    service_tier: str | None = None
-    reasoning_effort: str | None = None
-    modalities: list[str] | None = None
-    prediction: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise _Conflict("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
-        if self.stream_options is not None and not self.stream:
-            raise _Conflict("stream_options", "'stream_options' is only allowed when 'stream' is true.")
-        return self
-
-    IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "parallel_tool_calls", "service_tier", "reasoning_effort", "modalities", "prediction")
-
-    @property
-    def ignored_fields(self) -> list[str]:
-        return [name for name in self.IGNORED if name in self.model_fields_set]
-
-    @property
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them (developer is the system role)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
-
-    @property
-    def max_tokens_given(self) -> bool:
-        return self.max_completion_tokens is not None or self.max_tokens is not None
 
     @property
     def include_usage(self) -> bool:
@@ -138,8 +164,11 @@ class ChatCompletionRequest(BaseModel):
     def continuous_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
-    @property
-    def params(self) -> SamplingParams:
+    def _check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise _Conflict("stream_options", "'stream_options' is only allowed when 'stream' is true.")
+
+    def sampling(self, max_tokens: int, top_logprobs: int = 0, grammar: str | None = None) -> SamplingParams:
         def given(value: float | None, default: float) -> float:
             return default if value is None else value
 
@@ -153,12 +182,136 @@ class ChatCompletionRequest(BaseModel):
             presence_penalty=given(self.presence_penalty, 0.0),
             frequency_penalty=given(self.frequency_penalty, 0.0),
             seed=self.seed,
-            max_tokens=self.max_completion_tokens or self.max_tokens or settings.ROUNDTRIP_DEFAULT_MAX_TOKENS,
+            max_tokens=max_tokens,
             stop=stop,
-            top_logprobs=self.top_logprobs or 0,
+            top_logprobs=top_logprobs,
             ignore_eos=self.ignore_eos,
             logit_bias=tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items()),
+            grammar=grammar,
         )
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Accepted for compatibility; they change nothing here (listed in x-roundtrip-ignored-fields).
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise _Conflict("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+        self._check_stream_options()
+        names = [t.function.name for t in self.tools or ()]
+        if self.tool_choice not in (None, "none", "auto") and not names:
+            raise _Conflict("tool_choice", "'tool_choice' asks for a tool call, but 'tools' is empty.")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise _Conflict("tool_choice", f"'tool_choice' names the function {self.tool_choice.function.name!r}, which is not in 'tools'.")
+        if len(set(names)) != len(names):
+            raise _Conflict("tools", "Function names in 'tools' must be unique.")
+        return self
+
+    IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "service_tier", "reasoning_effort", "modalities", "prediction")
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return [name for name in self.IGNORED if name in self.model_fields_set]
+
+    @property
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them (developer is the system role; tool calls kept)."""
+        return [_plain(m) for m in self.messages]
+
+    @property
+    def offered_tools(self) -> list[FunctionDefinition]:
+        """The functions shown to the model: none when tool_choice is "none", only the named one when it names one."""
+        if not self.tools or self.tool_choice == "none":
+            return []
+        functions = [t.function for t in self.tools]
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [f for f in functions if f.name == self.tool_choice.function.name]
+        return functions
+
+    @property
+    def tool_definitions(self) -> list[dict[str, Any]] | None:
+        """The offered functions as the worker renders them into the prompt."""
+        return [f.model_dump(exclude_none=True) for f in self.offered_tools] or None
+
+    @property
+    def grammar(self) -> str | None:
+        """What the output must follow: a forced call, a JSON answer, either, or nothing (free text)."""
+        functions = [structured.Function(f.name, f.parameters) for f in self.offered_tools]
+        forced = self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+        several = self.parallel_tool_calls is not False and not isinstance(self.tool_choice, NamedToolChoice)
+        answer = self.response_format.answer_schema if self.response_format else None
+        return structured.grammar(answer, functions, forced, several)
+
+    @property
+    def max_tokens_given(self) -> bool:
+        return self.max_completion_tokens is not None or self.max_tokens is not None
+
+    @property
+    def params(self) -> SamplingParams:
+        max_tokens = self.max_completion_tokens or self.max_tokens or settings.ROUNDTRIP_DEFAULT_MAX_TOKENS
+        return self.sampling(max_tokens, self.top_logprobs or 0, self.grammar)
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions (legacy): a raw text prompt, continued as it is, without the chat template."""
+
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+        description="The text to continue (a list holds exactly one text: batches of prompts are not served).")
+    echo: bool = Field(False, description="Put the prompt before the completion in the returned text.")
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(None, description="Log-probabilities of each token and its best alternatives (0-5).")
+    suffix: str | None = Field(None, description="Refused unless empty: this model does not fill in the middle.")
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CompletionRequest:
+        self._check_stream_options()
+        if self.suffix:
+            raise _Conflict("suffix", "'suffix' is not supported: this model cannot fill in the middle; put all the text in 'prompt'.")
+        if self.best_of is not None and self.best_of != self.n:
+            raise _Conflict("best_of", "'best_of' other than 'n' is not supported: every generated choice is returned.")
+        if self.echo and self.logprobs is not None:
+            raise _Conflict("echo", "'echo' with 'logprobs' is not supported: prompt tokens have no log-probabilities here.")
+        return self
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def max_tokens_given(self) -> bool:
+        return self.max_tokens is not None
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.sampling(self.max_tokens or LEGACY_MAX_TOKENS, self.logprobs or 0)
+
+
+def _plain(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
 
 
 class TokenizeRequest(BaseModel):
@@ -248,8 +401,8 @@ def _as_gateway_error(error: Mapping[str, Any]) -> GatewayError:
         return bad_request(f"Missing required parameter: '{missing}'.", missing)
     if param == "messages" and kind == "too_short":
         return bad_request("'messages' must contain at least one message.", "messages")
-    if param == "n":
-        return bad_request("Only n=1 is supported.", "n")
+    if param == "n" and kind in ("less_than_equal", "greater_than_equal"):
+        return bad_request(f"'n' must be between 1 and {MAX_N} (got {value}).", "n")
     if kind in ("float_type", "int_type", "bool_type", "string_type", "dict_type", "list_type", "model_type", "int_from_float", "finite_number"):
         expected = {"float_type": "a number", "int_type": "an integer", "int_from_float": "an integer", "bool_type": "a boolean",
                     "string_type": "a string", "dict_type": "an object", "model_type": "an object", "list_type": "a list",

@@ -4,6 +4,7 @@ from webapp.api import views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
+    path("completions", views.completions, name="completions"),
     path("models", views.models, name="models"),
     path("tokenize", views.tokenize, name="tokenize"),
     path("detokenize", views.detokenize, name="detokenize"),

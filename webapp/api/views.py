@@ -1,8 +1,6 @@
-"""The OpenAI-compatible HTTP API: thin async views over the gateway and the inference worker.
-
-Each view authenticates, parses, passes the gateway's limits and routing, then talks to
-the worker through `webapp.gateway.client`; every request leaves a usage row, whether it
-succeeded, failed or its client left.
+"""The OpenAI-compatible HTTP API: thin async views over the gateway's `Turn` (authenticate → limit → route →
+generate → settle → usage row); they parse, call and translate into JSON and SSE. Every request leaves one usage
+row, whether it succeeded, failed or its client left.
 """
 
 from __future__ import annotations
@@ -19,15 +17,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.api.completions import Assembler, chunk, completion, sse, timings
+from webapp.api.completions import Choice, Piece, choices_for, chunk, completion, sse, text_chunk, text_completion, timings
 from webapp.api.openapi import openapi_spec
-from webapp.api.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest, json_body, parse
+from webapp.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, json_body, parse
 from webapp.gateway import client
-from webapp.gateway.errors import GatewayError, bad_request
-from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage, route_model
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.gateway import RequestContext, route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
+from webapp.gateway.lifecycle import Turn
 from webapp.gateway.routing import configured_models
-from webapp.gateway.watch import anyone_watching, publish
 from webapp.worker.registry import model_load
 
 
@@ -49,11 +47,11 @@ def _method_not_allowed(request: HttpRequest, allowed: str) -> JsonResponse:
     return JsonResponse(exc.body(), status=405, headers={"Allow": allowed})
 
 
-ApiView = Callable[[HttpRequest, RequestContext], Awaitable[HttpResponse]]
+ApiView = Callable[[HttpRequest, Turn], Awaitable[HttpResponse]]
 
 
 def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRequest], Awaitable[HttpResponse]]]:
-    """An API endpoint: one method (405 in OpenAI's shape otherwise), no CSRF (keys, not cookies), a RequestContext."""
+    """An API endpoint: one method (405 in OpenAI's shape otherwise), no CSRF (keys, not cookies), a gateway Turn."""
 
     def wrap(view: ApiView) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
         @csrf_exempt
@@ -61,14 +59,14 @@ def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRe
         async def endpoint_view(request: HttpRequest) -> HttpResponse:
             if request.method != method:
                 return _method_not_allowed(request, method)
-            return await view(request, RequestContext(client.new_request_id(), endpoint, request.META.get("REMOTE_ADDR")))
+            return await view(request, Turn(endpoint, request.META.get("REMOTE_ADDR")))
 
         return endpoint_view
 
     return wrap
 
 
-async def _authenticate(ctx: RequestContext, request: HttpRequest) -> Identity:
+async def _authenticate(turn: Turn, request: HttpRequest) -> Identity:
     """An API key (`Authorization: Bearer ...`); or, for this site's own pages, the browser session — only with the
     page's CSRF token, so another site cannot spend a visitor's session — under the session limits."""
     started = time.perf_counter()
@@ -78,9 +76,7 @@ async def _authenticate(ctx: RequestContext, request: HttpRequest) -> Identity:
         identity = identify_session(user.pk if user.is_authenticated else None, request.session.session_key or "")
     else:
         identity = await sync_to_async(identify_key)(authorization)
-    ctx.identity = identity
-    ctx.timed("authenticate", started, who=identity.label)
-    return identity
+    return turn.authenticated(identity, started)
 
 
 def _checked(request: HttpRequest) -> HttpResponse:  # a view that is not exempt, for the check above
@@ -94,130 +90,159 @@ def _csrf_ok(request: HttpRequest) -> bool:
     return CsrfViewMiddleware(lambda r: HttpResponse()).process_view(request, _checked, (), {}) is None
 
 
+async def _refused(turn: Turn, exc: BaseException) -> JsonResponse:
+    """The turn ended before generating: settle it and answer with the error (a client that left gets nothing)."""
+    error = turn.fail(exc)
+    await turn.settle()
+    if isinstance(exc, asyncio.CancelledError):
+        raise exc
+    return _error(error, turn.ctx)
+
+
 @api_view("POST", "chat.completions")
-async def chat_completions(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
+async def chat_completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     try:
-        identity = await _authenticate(ctx, request)
+        await _authenticate(turn, request)
         body: ChatCompletionRequest = parse(ChatCompletionRequest, _body(request))
-        ctx.stream = body.stream
-        ctx.prompt_text = json.dumps(body.chat_messages, ensure_ascii=False)
+        turn.ctx.stream, turn.ctx.end_user = body.stream, body.user or ""
+        turn.ctx.prompt_text = json.dumps(body.chat_messages, ensure_ascii=False)
         if body.ignored_fields:
-            ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
-        await sync_to_async(limit_and_route)(ctx, identity, body.model)
-        assert ctx.route is not None
-        generation = await client.generate(
-            ctx.route, body.chat_messages, body.params, "off", ctx.request_id, fit_max_tokens=not body.max_tokens_given
-        )
-    except GatewayError as exc:
-        await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
-        return _error(exc, ctx)
-    if generation.worker:
-        ctx.worker = generation.worker
+            turn.ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
+        await turn.admit(body.model)
+        await turn.generate(body.chat_messages, body.params, fit_max_tokens=not body.max_tokens_given, n=body.n, tools=body.tool_definitions)
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    choices = choices_for(body.n, body.logprobs, tools=bool(body.offered_tools))
     if body.stream:
-        headers = {**ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingHttpResponse(_stream(ctx, body, generation), content_type="text/event-stream", headers=headers)
-    return await _complete(ctx, body, generation)
+        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingHttpResponse(_stream(turn, body, choices), content_type="text/event-stream", headers=headers)
+    return await _complete(turn, choices, lambda created: completion(turn, created, choices))
 
 
-async def _events(ctx: RequestContext, generation: client.Generation) -> AsyncIterator[dict[str, Any]]:
-    """The generation's events, also shown to staff on the watch page while anyone is watching."""
-    watched = await anyone_watching()
-    if watched:
-        await publish({"type": "request", "request_id": ctx.request_id, "source": ctx.identity.label if ctx.identity else "", "model": ctx.route.id if ctx.route else ""})
-    async for event in generation.events():
-        if watched:
-            await publish({"type": "trace", "request_id": ctx.request_id, "event": event})
-        yield event
-
-
-async def _complete(ctx: RequestContext, body: ChatCompletionRequest, generation: client.Generation) -> HttpResponse:
-    assembler = Assembler(body.logprobs, generation.accepted.get("prompt_tokens", 0))
-    status, error_code = 200, ""
+async def _complete(turn: Turn, choices: list[Choice], answer: Callable[[int], dict[str, Any]]) -> HttpResponse:
+    """Collect every choice, then answer with the whole object; the turn is settled whatever happens."""
     try:
-        async for event in _events(ctx, generation):
-            assembler.feed(event)
-        result = completion(ctx, int(time.time()), assembler)
-        return JsonResponse(result, headers={**ctx.headers(), "x-roundtrip-timings": json.dumps(result["roundtrip_timings"])})
-    except GatewayError as exc:
-        status, error_code = exc.status, exc.code or exc.type
-        await asyncio.shield(generation.cancel())
-        return _error(exc, ctx)
-    except asyncio.CancelledError:  # the client left: stop the model
-        status, error_code = 499, "client_closed_request"
-        await asyncio.shield(generation.cancel())
+        async for message in turn.messages():
+            if message["type"] == "event":
+                choices[message["index"]].feed(message["event"])
+        result = answer(int(time.time()))
+        return JsonResponse(result, headers={**turn.ctx.headers(), "x-roundtrip-timings": json.dumps(timings(turn))})
+    except asyncio.CancelledError as exc:  # the client left: stop the model
+        turn.fail(exc)
         raise
     except Exception as exc:
-        status, error_code = 500, "server_error"
-        await asyncio.shield(generation.cancel())
-        return _error(_server_error(exc), ctx)
+        return _error(turn.fail(exc), turn.ctx)
     finally:
-        generation.close()
-        await _settle(ctx, assembler, status, error_code)
+        await turn.settle()
 
 
-def _server_error(exc: Exception) -> GatewayError:
-    return GatewayError(500, f"The server failed: {type(exc).__name__}: {exc}", "server_error", "server_error")
+async def _choice_events(turn: Turn, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Piece | None]]:
+    """(choice, what it has to send) for every event; the piece is None when there is nothing to send."""
+    async for message in turn.messages():
+        if message["type"] == "event":
+            choice = choices[message["index"]]
+            yield choice, choice.feed(message["event"])
 
 
-async def _stream(ctx: RequestContext, body: ChatCompletionRequest, generation: client.Generation) -> AsyncIterator[bytes]:
-    """SSE exactly as OpenAI's clients read it; the role chunk goes out with the first token."""
-    created = int(time.time())
-    assembler = Assembler(body.logprobs, generation.accepted.get("prompt_tokens", 0))
-    status, error_code = 200, ""
-    started = False
+async def _sse(turn: Turn, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An SSE stream that always ends: an error after the start becomes an error event, then [DONE]; a client that
+    leaves stops the model within one token; the turn is settled in every case."""
     try:
         try:
-            async for event in _events(ctx, generation):
-                piece = assembler.feed(event)
-                if piece is None:
-                    continue
-                if not started:
-                    started = True
-                    yield sse(chunk(ctx, created, {"role": "assistant", "content": ""}, logprobs=[] if body.logprobs else None))
-                content = chunk(ctx, created, {"content": piece.text}, logprobs=piece.logprobs if body.logprobs else None)
-                if body.continuous_usage:
-                    content["usage"] = assembler.usage()  # the running counts, as vLLM sends them
-                yield sse(content)
-            if not started:
-                yield sse(chunk(ctx, created, {"role": "assistant", "content": ""}))
-            yield sse(chunk(ctx, created, {}, assembler.finish_reason, roundtrip_timings=timings(ctx, assembler)))
-            if body.include_usage:
-                usage_chunk = chunk(ctx, created, {}) | {"choices": [], "usage": assembler.usage()}
-                yield sse(usage_chunk)
-        except GatewayError as exc:  # after the stream started: an error event, then [DONE]
-            status, error_code = exc.status, exc.code or exc.type
-            await asyncio.shield(generation.cancel())
-            yield sse(exc.body())
+            async for event in events:
+                yield event
         except Exception as exc:
-            status, error_code = 500, "server_error"
-            await asyncio.shield(generation.cancel())
-            yield sse(_server_error(exc).body())
+            yield sse(turn.fail(exc).body())
         yield sse("[DONE]")
-    except (asyncio.CancelledError, GeneratorExit):  # the client left mid-stream: stop the model within one token
-        status, error_code = 499, "client_closed_request"
-        await asyncio.shield(generation.cancel())
+    except (asyncio.CancelledError, GeneratorExit) as exc:
+        turn.fail(exc)
         raise
     finally:
-        generation.close()
-        await _settle(ctx, assembler, status, error_code)
+        await turn.settle()
 
 
-async def _settle(ctx: RequestContext, assembler: Assembler, status: int, error_code: str) -> None:
-    usage = assembler.usage()
-    ttft = None if assembler.first_token_at is None else assembler.first_token_at - ctx.started
-    finish = assembler.finish_reason if status == 200 else ("cancelled" if status == 499 else "error")
-    await asyncio.shield(
-        sync_to_async(record_usage)(ctx, status, finish, error_code, usage["prompt_tokens"], usage["completion_tokens"], ttft,
-                                    usage["prompt_tokens_details"]["cached_tokens"])
-    )
+def _stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> AsyncIterator[bytes]:
+    """Chat chunks exactly as OpenAI's clients read them: per choice, the role chunk with its first output, content
+    and tool_calls deltas, then its finish chunk; the usage chunk last when asked for."""
+    created = int(time.time())
+    started: set[int] = set()
+
+    def opened(choice: Choice) -> list[bytes]:
+        if choice.index in started:
+            return []
+        started.add(choice.index)
+        return [sse(chunk(turn, created, {"role": "assistant", "content": ""}, logprobs=[] if body.logprobs else None, index=choice.index))]
+
+    async def events() -> AsyncIterator[bytes]:
+        async for choice, piece in _choice_events(turn, choices):
+            if piece is not None:
+                for out in opened(choice):
+                    yield out
+                if piece.text or piece.logprobs:
+                    content = chunk(turn, created, {"content": piece.text}, logprobs=piece.logprobs if body.logprobs else None, index=choice.index)
+                    if body.continuous_usage:
+                        content["usage"] = turn.usage.as_openai()  # the running counts, as vLLM sends them
+                    yield sse(content)
+                if piece.calls:
+                    yield sse(chunk(turn, created, {"tool_calls": [d.as_delta() for d in piece.calls]}, index=choice.index))
+            if choice.finished is not None and choice.index not in done:
+                done.add(choice.index)
+                for out in opened(choice):
+                    yield out
+                yield sse(chunk(turn, created, {}, choice.finish_reason, index=choice.index, roundtrip_timings=timings(turn)))
+        if body.include_usage:
+            yield sse(chunk(turn, created, {}) | {"choices": [], "usage": turn.usage.as_openai()})
+
+    done: set[int] = set()
+    return _sse(turn, events())
+
+
+@api_view("POST", "completions")
+async def completions(request: HttpRequest, turn: Turn) -> HttpResponse:
+    """The legacy text completion: the prompt as raw text, no chat template."""
+    try:
+        await _authenticate(turn, request)
+        body: CompletionRequest = parse(CompletionRequest, _body(request))
+        turn.ctx.stream, turn.ctx.end_user, turn.ctx.prompt_text = body.stream, body.user or "", body.prompt_text
+        await turn.admit(body.model)
+        await turn.generate([], body.params, fit_max_tokens=not body.max_tokens_given, n=body.n, prompt=body.prompt_text)
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    choices = choices_for(body.n, body.logprobs is not None)
+    echo = body.prompt_text if body.echo else ""
+    if body.stream:
+        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingHttpResponse(_text_stream(turn, body, choices, echo), content_type="text/event-stream", headers=headers)
+    return await _complete(turn, choices, lambda created: text_completion(turn, created, choices, body.logprobs, echo))
+
+
+def _text_stream(turn: Turn, body: CompletionRequest, choices: list[Choice], echo: str) -> AsyncIterator[bytes]:
+    created = int(time.time())
+
+    async def events() -> AsyncIterator[bytes]:
+        if echo:
+            for choice in choices:
+                yield sse(text_chunk(turn, created, choice, Piece(echo, []), body.logprobs))
+        async for choice, piece in _choice_events(turn, choices):
+            if piece is not None and (piece.text or piece.logprobs):
+                yield sse(text_chunk(turn, created, choice, piece, body.logprobs))
+            if choice.finished is not None and choice.index not in done:
+                done.add(choice.index)
+                yield sse(text_chunk(turn, created, choice, Piece("", []), body.logprobs, choice.finish_reason))
+        if body.include_usage:
+            yield sse({"id": turn.request_id, "object": "text_completion", "created": created, "model": turn.ctx.route.id if turn.ctx.route else "",
+                       "choices": [], "usage": turn.usage.as_openai()})
+
+    done: set[int] = set()
+    return _sse(turn, events())
 
 
 @api_view("GET", "models")
-async def models(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
+async def models(request: HttpRequest, turn: Turn) -> HttpResponse:
     try:
-        identity = await _authenticate(ctx, request)
+        identity = await _authenticate(turn, request)
     except GatewayError as exc:
-        return _error(exc, ctx)
+        return _error(exc, turn.ctx)
     data = [
         {"id": r.id, "object": "model", "created": 0, "owned_by": "roundtrip", "aliases": list(r.aliases), "status": await sync_to_async(model_load)(r.id)}
         for r in configured_models()
@@ -227,17 +252,17 @@ async def models(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
 
 
 @api_view("POST", "tokenize")
-async def tokenize(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
+async def tokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
     """POST {"model", "text"} → the ids and token strings the model would see for that text."""
     try:
-        identity = await _authenticate(ctx, request)
+        identity = await _authenticate(turn, request)
         body: TokenizeRequest = parse(TokenizeRequest, _body(request))
-        route = route_model(ctx, identity, body.model)
+        route = route_model(turn.ctx, identity, body.model)
         answer = await client.tokenize(route, body.text, body.chat_messages)
-    except GatewayError as exc:
-        await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
-        return _error(exc, ctx)
-    await sync_to_async(record_usage)(ctx, 200, "", "", len(answer["ids"]))
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    turn.usage.prompt_tokens = len(answer["ids"])
+    await turn.settle()
     out = {"model": route.id, "ids": answer["ids"], "tokens": answer["tokens"], "spans": answer["spans"], "count": len(answer["ids"])}
     if body.messages is not None:
         out |= {"prompt": answer["text"], "segments": answer["segments"]}
@@ -245,17 +270,17 @@ async def tokenize(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
 
 
 @api_view("POST", "detokenize")
-async def detokenize(request: HttpRequest, ctx: RequestContext) -> HttpResponse:
+async def detokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
     """POST {"model", "tokens": [ids]} → {"text"}: the text those tokens spell."""
     try:
-        identity = await _authenticate(ctx, request)
+        identity = await _authenticate(turn, request)
         body: DetokenizeRequest = parse(DetokenizeRequest, _body(request))
-        route = route_model(ctx, identity, body.model)
+        route = route_model(turn.ctx, identity, body.model)
         text = await client.detokenize(route, body.tokens)
-    except GatewayError as exc:
-        await sync_to_async(record_usage)(ctx, exc.status, "error", exc.code or exc.type)
-        return _error(exc, ctx)
-    await sync_to_async(record_usage)(ctx, 200, "", "", len(body.tokens))
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    turn.usage.prompt_tokens = len(body.tokens)
+    await turn.settle()
     return JsonResponse({"model": route.id, "text": text})
 
 

@@ -112,16 +112,18 @@ async def _target(route: ModelRoute) -> tuple[str, str | None]:
 class Generation:
     """One request's replies. `start()` waits until the worker accepted it (or raises its error)."""
 
-    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str, worker: str | None, step: bool = False) -> None:
+    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str, worker: str | None, step: bool = False, n: int = 1) -> None:
         self.layer = layer
         self.step = step
+        self.n = n  # choices: the generation ends when each has its "finished" event
         self.request_id = request_id
         self.replies = Replies(layer, reply_to, worker)
         self.control: str | None = None
         self.worker = worker
         self.ahead = 0  # requests waiting before this one, as the worker last said
         self.accepted: dict[str, Any] = {}
-        self.finished: dict[str, Any] | None = None
+        self.finished: dict[str, Any] | None = None  # set once every choice finished (the first choice's event)
+        self.finished_choices: dict[int, dict[str, Any]] = {}
         self.cancelled = False
         self.closed = False  # the worker's place in registry.in_flight (taken by _target) is given back on close
 
@@ -145,8 +147,8 @@ class Generation:
                 registry.in_flight[self.worker] += 1
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        """Every reply until the end: "waiting" updates and, one by one, trace events ({"type": "event", "event"});
-        an error reply raises GatewayError."""
+        """Every reply until the end: "waiting" updates and, one by one, trace events ({"type": "event", "event",
+        "index": the choice}); an error reply raises GatewayError."""
         try:
             while self.finished is None:
                 message = await self.replies.next(patient=self.step)
@@ -159,10 +161,13 @@ class Generation:
                     self.ahead = int(message["ahead"])
                     yield message
                 elif kind == "events":
+                    index = int(message.get("index", 0))
                     for event in message["events"]:
                         if event["event"] == "finished":
-                            self.finished = event
-                        yield {"type": "event", "event": event}
+                            self.finished_choices[index] = event
+                            if len(self.finished_choices) == self.n:
+                                self.finished = self.finished_choices.get(0, event)
+                        yield {"type": "event", "event": event, "index": index}
         finally:
             self.close()
 
@@ -196,7 +201,7 @@ class Generation:
 
 async def generate(
     route: ModelRoute,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     params: SamplingParams,
     level: str = "off",
     request_id: str | None = None,
@@ -204,13 +209,16 @@ async def generate(
     fit_max_tokens: bool = False,
     step: bool = False,
     prompt: str | None = None,
+    n: int = 1,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Generation:
     """Send a generate request to the model's least-loaded worker and wait until it is accepted.
-    `prompt`: raw text instead of `messages` (pass []), without the chat template."""
+    `prompt`: raw text instead of `messages` (pass []), without the chat template; `n` choices;
+    `tools`: function definitions shown to the model."""
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
     channel, worker = await _target(route)
-    generation = Generation(layer, request_id or new_request_id(), reply_to, worker, step)
+    generation = Generation(layer, request_id or new_request_id(), reply_to, worker, step, n)
     request: GenerateRequest = {
         "type": "generate",
         "model": route.id,
@@ -226,6 +234,10 @@ async def generate(
     }
     if prompt is not None:
         request["prompt"] = prompt
+    if n != 1:
+        request["n"] = n
+    if tools:
+        request["tools"] = tools
     try:
         await _send(layer, channel, request)
         await generation.start()

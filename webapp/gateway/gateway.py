@@ -17,7 +17,6 @@ from webapp.gateway.errors import GatewayError
 from webapp.gateway.identity import Identity
 from webapp.gateway.limits import RateLimiter, RateState
 from webapp.gateway.routing import ModelRoute, resolve
-from webapp.metrics import metrics
 from webapp.usage.models import UsageRecord
 
 
@@ -45,6 +44,7 @@ class RequestContext:
     prompt_text: str = ""
     worker: str = ""  # the inference worker that served it
     extra_headers: dict[str, str] = field(default_factory=dict)  # e.g. x-roundtrip-ignored-fields
+    end_user: str = ""  # the client's own name for its user (OpenAI's `user`), kept in the usage row
 
     def timed(self, name: str, started: float, **detail: Any) -> None:
         self.stages.append(Stage(name, time.perf_counter() - started, detail))
@@ -115,13 +115,11 @@ def record_usage(
         completion_tokens=completion_tokens,
         cached_tokens=cached_tokens,
         worker=ctx.worker,
+        end_user=ctx.end_user[:256],
         ttft_ms=None if ttft is None else ttft * 1000,
         total_ms=(time.perf_counter() - ctx.started) * 1000,
         client_ip=ctx.client_ip,
         prompt_text=ctx.prompt_text if settings.ROUNDTRIP_STORE_PROMPTS else "",
     )
     ctx.timed("usage_log", started)
-    metrics.gateway_requests.labels(ctx.endpoint, str(status)).inc()
-    if status >= 400:
-        metrics.gateway_refused.labels(ctx.endpoint, error_code or str(status)).inc()
     return record

@@ -1,12 +1,16 @@
-"""Publishing API requests to staff who watch (ws/watch/): only when someone is, checked once per request."""
+"""Publishing gateway turns to staff who watch (ws/watch/): only when someone is, checked once per request."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
+
+if TYPE_CHECKING:
+    from webapp.gateway.lifecycle import Turn
+    from webapp.usage.models import UsageRecord
 
 WATCH_GROUP = "watch"
 WATCHERS_KEY = "rt:watchers"
@@ -33,3 +37,26 @@ async def publish(frame: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is not None:
         await layer.group_send(WATCH_GROUP, {"type": "watch.frame", "frame": frame})
+
+
+class WatchObserver:
+    """Shows every gateway turn (API, page, benchmark) to staff on the watch page, while anyone watches:
+    asked once per turn, so an unwatched server pays one cache read per request."""
+
+    def __init__(self) -> None:
+        self._watched: set[str] = set()
+
+    async def started(self, turn: Turn) -> None:
+        if not await anyone_watching():
+            return
+        self._watched.add(turn.request_id)
+        ctx = turn.ctx
+        await publish({"type": "request", "request_id": turn.request_id, "source": ctx.identity.label if ctx.identity else "",
+                       "model": ctx.route.id if ctx.route else "", "endpoint": ctx.endpoint})
+
+    async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None:
+        if turn.request_id in self._watched and index == 0:
+            await publish({"type": "trace", "request_id": turn.request_id, "event": event})
+
+    async def settled(self, turn: Turn, record: UsageRecord) -> None:
+        self._watched.discard(turn.request_id)

@@ -17,7 +17,7 @@ class UsageRecord(models.Model):
     stream = models.BooleanField(default=False)
     status = models.PositiveSmallIntegerField()
     error_code = models.CharField(max_length=64, blank=True)
-    finish_reason = models.CharField(max_length=32, blank=True, help_text="stop, length, cancelled (client left) or error")
+    finish_reason = models.CharField(max_length=32, blank=True, help_text="stop, length, tool_calls, cancelled (client left) or error")
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0, help_text="Prompt tokens whose keys and values came from the prefix cache.")
@@ -25,6 +25,7 @@ class UsageRecord(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     total_ms = models.FloatField(null=True, blank=True)
     client_ip = models.GenericIPAddressField(null=True, blank=True)
+    end_user = models.CharField(max_length=256, blank=True, help_text="The client's own id for its end user (the request's `user` field).")
     prompt_text = models.TextField(blank=True, help_text="Only kept when ROUNDTRIP_STORE_PROMPTS is on.")
 
     class Meta:

@@ -46,7 +46,8 @@ class GenerateRequest(TypedDict):
     model: str
     request_id: str
     reply_to: str
-    messages: list[dict[str, str]]  # {"role", "content"}, checked by the gateway's parser
+    messages: list[dict[str, Any]]  # {"role", "content"} (+ "tool_calls", "tool_call_id", "name"), checked by the gateway's parser
+    tools: NotRequired[list[dict[str, Any]]]  # function definitions {"name", "description", "parameters"}
     prompt: NotRequired[str]  # instead of messages: raw text without the chat template (legacy completions)
     params: SamplingDict
     level: str  # "off" | "summary" | "full"
@@ -54,6 +55,7 @@ class GenerateRequest(TypedDict):
     fit_max_tokens: bool  # max_tokens was a default: shrink it to the room left in the context
     step: bool  # step mode: pause after every token until a NextMessage
     sent_at: float
+    n: NotRequired[int]  # choices (default 1): one prefill, n sequences decoded together; events carry their "index"
 
 
 class TokenizeRequest(TypedDict):
@@ -136,6 +138,7 @@ class EventsReply(TypedDict):
 
     type: Literal["events"]
     request_id: str
+    index: NotRequired[int]  # the choice (n > 1) these events belong to
     events: list[dict[str, Any]]
 
 

@@ -59,12 +59,15 @@ class Job:
     in_scheduler: bool = False
     paused_since: float | None = None  # step mode: waiting for "next" after a token, since then
     ahead: int | None = None  # last queue position told to the client
+    choices: dict[str, int] = field(default_factory=dict)  # the scheduler's sequence id -> choice index (n > 1)
+    running: set[str] = field(default_factory=set)  # sequences not finished yet
     reply_to: str = field(init=False)
     request_id: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.reply_to = self.message["reply_to"]
         self.request_id = self.message["request_id"]
+        self.choices = {self.request_id: 0}
 
 
 @dataclass
@@ -193,18 +196,19 @@ class EngineRunner:
                 received_at=job.received_at,
                 fit_max_tokens=bool(msg.get("fit_max_tokens")),
                 text=msg.get("prompt"),
+                tools=msg.get("tools"),
             )
             job.level = TraceLevel(msg.get("level", "off"))
             if msg.get("step") and job.level == TraceLevel.OFF:
                 job.level = TraceLevel.SUMMARY  # step mode shows every token, which only traced levels send
-            request = served.pipeline.sequence_request(prepared, job.request_id, job.level, bool(msg.get("step")))
+            requests = served.pipeline.sequence_requests(prepared, job.request_id, int(msg.get("n", 1)), job.level, bool(msg.get("step")))
         except Exception as exc:  # every failure becomes an error reply, never a dead worker
             with self._lock:
                 served.pending -= 1
             self._finish(job, error_reply(job.request_id, exc))
             return
         tokenized = event_to_dict(served.pipeline.tokenized(prepared), served.pipeline.loaded.tokenizer) if job.level != TraceLevel.OFF else None
-        self._commands.put(("add", (served, job, request, tokenized)))
+        self._commands.put(("add", (served, job, requests, tokenized)))
 
     # --- the engine thread -------------------------------------------------------------------
 
@@ -277,20 +281,24 @@ class EngineRunner:
             except queue.Empty:
                 return
 
-    def _on_add(self, arg: tuple[Served, Job, SequenceRequest, dict[str, Any] | None]) -> None:
-        served, job, request, tokenized = arg
+    def _on_add(self, arg: tuple[Served, Job, list[SequenceRequest], dict[str, Any] | None]) -> None:
+        served, job, requests, tokenized = arg
+        request = requests[0]
         with self._lock:
             served.pending -= 1
         if job.cancelled:
             self._finish(job, {"type": "cancelled", "request_id": job.request_id})
             return
         try:
-            served.scheduler.add(request)
-        except QueueFullError as exc:
-            self._finish(job, overloaded(job.request_id, exc.waiting))
-            return
-        except KVBudgetExceededError as exc:
-            self._finish(job, error_reply(job.request_id, exc))
+            for index, choice in enumerate(requests):  # all choices or none
+                served.scheduler.add(choice)
+                job.choices[choice.request_id] = index
+                job.running.add(choice.request_id)
+                self._jobs[choice.request_id] = job
+        except (QueueFullError, KVBudgetExceededError) as exc:
+            for sequence in job.running:
+                served.scheduler.abort(sequence)
+            self._finish(job, overloaded(job.request_id, exc.waiting) if isinstance(exc, QueueFullError) else error_reply(job.request_id, exc))
             return
         job.in_scheduler = True
         accepted: Accepted = {"type": "accepted", "request_id": job.request_id, "control": self._control, "worker": self.worker_id,
@@ -306,7 +314,8 @@ class EngineRunner:
         if job is None:
             return
         if job.in_scheduler:
-            self.models[job.model_id].scheduler.abort(request_id)
+            for sequence in job.running:
+                self.models[job.model_id].scheduler.abort(sequence)
         else:
             job.cancelled = True  # still being tokenized: dropped when it arrives
 
@@ -348,28 +357,36 @@ class EngineRunner:
                 self._send_events(model_id, job, output, tokenizer)
             except Exception as exc:  # serializing one request's events failed: that request ends, the rest go on
                 log.exception("delivering %s failed", job.request_id)
-                served.scheduler.abort(job.request_id)
-                self._finish(job, error_reply(job.request_id, exc))
+                self._fail(served, job, exc)
 
     def _send_events(self, model_id: str, job: Job, output: SequenceOutput, tokenizer: BPETokenizer) -> None:
         events = [event_to_dict(event, tokenizer) for event in output.events]
         if events:
-            self._emit(job.reply_to, {"type": "events", "request_id": job.request_id, "events": events})
+            self._emit(job.reply_to, {"type": "events", "request_id": job.request_id, "index": job.choices.get(output.request_id, 0), "events": events})
         for data in events:
             if data["event"] == "sampled" and job.message.get("step"):
                 job.paused_since = time.perf_counter()
             elif data["event"] == "finished":
                 _observe_finished(model_id, data)
         metrics.generation_tokens.labels(model_id).inc(sum(isinstance(e, Sampled) for e in output.events))
+        if output.done:
+            job.running.discard(output.request_id)
         if output.error is not None:
-            log.error("generation %s failed", job.request_id, exc_info=output.error)
+            log.error("generation %s failed", output.request_id, exc_info=output.error)
             metrics.request_success.labels(model_id, "error").inc()
-            self._finish(job, error_reply(job.request_id, output.error))
+            self._fail(self.models[model_id], job, output.error)
         elif output.cancelled:
             metrics.request_success.labels(model_id, "abort").inc()
-            self._finish(job, {"type": "cancelled", "request_id": job.request_id})
-        elif output.done:
+            if not job.running:
+                self._finish(job, {"type": "cancelled", "request_id": job.request_id})
+        elif output.done and not job.running:
             self._finish(job, None)
+
+    def _fail(self, served: Served, job: Job, exc: Exception) -> None:
+        """One choice failed: the request fails, and its other choices stop."""
+        for sequence in job.running:
+            served.scheduler.abort(sequence)
+        self._finish(job, error_reply(job.request_id, exc))
 
     def _report(self, model_id: str, served: Served) -> None:
         """Refresh what the heartbeat and the metrics say, and tell waiting pages their place in the queue."""
@@ -386,7 +403,7 @@ class EngineRunner:
         served.prefix_seen = (stats.prefix_queried_tokens, stats.prefix_hit_tokens)
         for position, state in enumerate(scheduler.waiting):
             job = self._jobs.get(state.request_id)
-            if job is not None and job.level != TraceLevel.OFF and job.ahead != position:
+            if job is not None and state.request_id == job.request_id and job.level != TraceLevel.OFF and job.ahead != position:
                 job.ahead = position
                 self._emit(job.reply_to, {"type": "waiting", "request_id": job.request_id, "ahead": position})
 
@@ -399,7 +416,8 @@ class EngineRunner:
 
     def _finish(self, job: Job, reply: Mapping[str, Any] | None) -> None:
         with self._lock:
-            self._jobs.pop(job.request_id, None)
+            for sequence in job.choices:
+                self._jobs.pop(sequence, None)
         if reply is not None:
             self._emit(job.reply_to, reply)
 

@@ -1,0 +1,181 @@
+"""One request's life in the gateway, the same for the API, the page and the benchmark:
+authenticate → limit → route → generate → settle → usage row.
+
+A `Turn` is created when a request arrives and settled exactly once, whatever happened: the
+generation is stopped if it still runs, the usage row is written with what was used (prompt
+tokens once, every choice's completion tokens), and observers hear of it. Interfaces call it and
+only translate: the API into JSON and SSE, the page into WebSocket frames. Failures become one
+`GatewayError` via `fail`, so an unexpected exception is a 500 `server_error` (logged here with its
+traceback, never shown to the client), not a crash or a silent stream.
+
+Observers (the staff watch page, the gateway's metrics) subscribe with `observe`; they hear every
+turn start, every trace event and every settlement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+from asgiref.sync import sync_to_async
+
+from webapp.gateway import client
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
+from webapp.gateway.identity import Identity
+from webapp.gateway.routing import ModelRoute
+from webapp.usage.models import UsageRecord
+
+log = logging.getLogger("roundtrip.gateway")
+
+
+class Observer(Protocol):
+    async def started(self, turn: Turn) -> None: ...
+
+    async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None: ...
+
+    async def settled(self, turn: Turn, record: UsageRecord) -> None: ...
+
+
+_observers: list[Observer] = []
+
+
+def observe(observer: Observer) -> None:
+    """Hear about every turn from now on (apps register theirs in `ready()`)."""
+    if observer not in _observers:
+        _observers.append(observer)
+
+
+@dataclass
+class Usage:
+    """What a turn used so far: from the finished events when there are any, else counted as tokens come."""
+
+    prompt_tokens: int = 0
+    sampled: dict[int, int] = field(default_factory=dict)  # choice -> tokens drawn
+    finished: dict[int, dict[str, Any]] = field(default_factory=dict)  # choice -> its finished event
+    first_token_at: float | None = None
+
+    def count(self, index: int, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "sampled":
+            self.sampled[index] = self.sampled.get(index, 0) + 1
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter()
+        elif kind == "finished":
+            self.finished[index] = event
+            self.prompt_tokens = event["prompt_tokens"]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.finished[i]["completion_tokens"] if i in self.finished else n for i, n in self.sampled.items())
+
+    @property
+    def cached_tokens(self) -> int:
+        first = self.finished.get(0)
+        return int(first["cached_tokens"]) if first else 0
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens, "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+class Turn:
+    def __init__(self, endpoint: str, client_ip: str | None, stream: bool = False) -> None:
+        self.ctx = RequestContext(client.new_request_id(), endpoint, client_ip, stream=stream)
+        self.generation: client.Generation | None = None
+        self.usage = Usage()
+        self.status, self.error_code = 200, ""
+        self.record: UsageRecord | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.ctx.request_id
+
+    def authenticated(self, identity: Identity, started: float) -> Identity:
+        """Stage 1 done (the interface knows how: key, session): who it is, and how long that took."""
+        self.ctx.identity = identity
+        self.ctx.timed("authenticate", started, who=identity.label)
+        return identity
+
+    async def admit(self, model: str) -> ModelRoute:
+        """Stages 2 and 3: rate limits and budgets, then the model; GatewayError when refused."""
+        assert self.ctx.identity is not None, "authenticate first"
+        await sync_to_async(limit_and_route)(self.ctx, self.ctx.identity, model)
+        assert self.ctx.route is not None
+        return self.ctx.route
+
+    async def generate(self, messages: list[dict[str, Any]], params: Any, level: str = "off", **options: Any) -> client.Generation:
+        """Stage 4 begins: the worker accepted the request (or GatewayError); observers hear of it."""
+        assert self.ctx.route is not None, "admit first"
+        self.generation = await client.generate(self.ctx.route, messages, params, level, self.ctx.request_id, **options)
+        self.usage.prompt_tokens = int(self.generation.accepted.get("prompt_tokens", 0))
+        self.ctx.worker = self.generation.worker or ""
+        for observer in _observers:
+            await observer.started(self)
+        return self.generation
+
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+        """The worker's replies until the end ("waiting" and {"type": "event", "event", "index"}), counted for the usage row."""
+        assert self.generation is not None, "generate first"
+        async for message in self.generation.messages():
+            if message["type"] == "event":
+                self.usage.count(message["index"], message["event"])
+                for observer in _observers:
+                    await observer.event(self, message["index"], message["event"])
+            yield message
+        if self.generation.cancelled:
+            self.status, self.error_code = 499, "cancelled"
+
+    def fail(self, exc: BaseException) -> GatewayError:
+        """The turn ends in an error: which one to show. A client that left is 499; anything unexpected is logged
+        here and shown as a plain 500, without the exception's text."""
+        if isinstance(exc, GatewayError):
+            error = exc
+        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            error = GatewayError(499, "The client closed the request.", "invalid_request_error", "client_closed_request")
+        else:
+            log.error("request %s failed", self.request_id, exc_info=exc)
+            error = GatewayError(500, f"The server failed while handling this request (request id {self.request_id}).", "server_error", "server_error")
+        self.status, self.error_code = error.status, error.code or error.type
+        return error
+
+    @property
+    def finish_reason(self) -> str:
+        if self.status == 499:
+            return "cancelled"
+        if self.status != 200:
+            return "error"
+        if self.generation is None:  # not a generation (tokenize, detokenize)
+            return ""
+        first = self.usage.finished.get(0)
+        return str(first["finish_reason"]) if first else "cancelled"
+
+    @property
+    def fingerprint(self) -> str | None:
+        """OpenAI's system_fingerprint: which model file in which weight format answered; a seed reproduces a
+        result only under the same fingerprint."""
+        if self.generation is None or self.ctx.route is None:
+            return None
+        weights = str(self.generation.accepted.get("weights", ""))
+        return "fp_" + hashlib.sha256(f"{self.ctx.route.id}|{weights}".encode()).hexdigest()[:12]
+
+    async def settle(self) -> UsageRecord:
+        """Stage 5, exactly once: stop what still runs, write the usage row, tell the observers."""
+        if self.record is not None:
+            return self.record
+        generation = self.generation
+        if generation is not None:
+            if generation.finished is None:
+                await asyncio.shield(generation.cancel())
+            generation.close()
+        ttft = None if self.usage.first_token_at is None else self.usage.first_token_at - self.ctx.started
+        self.record = await asyncio.shield(sync_to_async(record_usage)(
+            self.ctx, self.status, self.finish_reason, self.error_code, self.usage.prompt_tokens, self.usage.completion_tokens, ttft,
+            self.usage.cached_tokens))
+        for observer in _observers:
+            await observer.settled(self, self.record)
+        return self.record

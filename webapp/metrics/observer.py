@@ -1,0 +1,24 @@
+"""The gateway's own counters, kept by observing every turn's settlement (see `webapp.gateway.lifecycle`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from webapp.metrics import metrics
+
+if TYPE_CHECKING:
+    from webapp.gateway.lifecycle import Turn
+    from webapp.usage.models import UsageRecord
+
+
+class GatewayMetrics:
+    async def started(self, turn: Turn) -> None:
+        pass
+
+    async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None:
+        pass
+
+    async def settled(self, turn: Turn, record: UsageRecord) -> None:
+        metrics.gateway_requests.labels(record.endpoint, str(record.status)).inc()
+        if record.status >= 400:
+            metrics.gateway_refused.labels(record.endpoint, record.error_code or str(record.status)).inc()
