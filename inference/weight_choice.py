@@ -6,7 +6,9 @@ the ranking depends on the chip (with AMX, bf16 is fast for prompt-sized batches
 eager kernel for decode steps; without AVX512-BF16, bf16 is emulated and slow), so `auto`
 times each format on matrices of this model's shapes (under a second) and keeps:
 
-- for decode steps, the format fastest at one row;
+- for decode steps, the format fastest at one row — or a more compact one within `NEAR_TIE` of it: int4
+  keeps a Q4 file's own blocks exactly (the others re-quantize or expand them, and on this model
+  int8 departs from llama.cpp's greedy text early), and less memory is worth a few percent;
 - int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
   beats the eager int4 kernel — the same weights in a second layout;
 - above some row count, another format, only if it is still clearly faster for prompt-sized
@@ -36,6 +38,8 @@ from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_ROWS = 64
 CLEAR_WIN = 1.3  # a second format must be this much faster on prompt-sized batches to be worth its memory
+NEAR_TIE = 1.15  # a more compact decode format this close to the fastest wins (timings on a busy machine wobble more)
+COMPACT_FIRST = (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.BF16, WeightFormat.FP32)
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
 
 Kernels = dict[int4_gemm.Shape, int4_gemm.Kernel]
@@ -197,7 +201,8 @@ def _tiled_above(timings: Timings, tiled: dict[int, float]) -> int:
 def decide(timings: Timings, tiled: dict[int, float] | None = None) -> WeightPlan:
     """The fastest format at one row for decoding (with int4's compiled GEMM for larger batches where it helps);
     a second format for prompt-sized batches only when it is still clearly faster there."""
-    decode = min(timings, key=lambda f: timings[f][1])
+    fastest = min(timings, key=lambda f: timings[f][1])
+    decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
     tiled_above = _tiled_above(timings, tiled) if tiled and decode is WeightFormat.INT4 else 0
     effective = dict(timings)
     if tiled_above:

@@ -179,3 +179,29 @@ def test_the_page_can_ask_for_full_detail_after_the_fact(with_worker: Any) -> No
         assert error["type"] == "error" and "'ids'" in error["message"]
 
     with_worker(body)
+
+
+def test_an_unexpected_failure_mid_turn_gets_an_error_frame_and_an_error_row(with_worker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page's turn runs the gateway's one lifecycle: a bug anywhere in generation is a server_error frame (without its
+    internal text), then the usage frame and done; the usage row says 500."""
+    from webapp.gateway.client import Generation
+
+    real = Generation.messages
+
+    async def failing(self: Generation) -> Any:
+        async for message in real(self):
+            yield message
+            raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(Generation, "messages", failing)
+
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to(CHAT)
+        frames = await _until(ws, "done")
+        error = next(f for f in frames if f["type"] == "error")
+        assert error["status"] == 500 and error["code"] == "server_error" and "secret" not in error["message"]
+        assert [f["type"] for f in frames][-2:] == ["usage", "done"] and frames[-2]["record"]["status"] == 500
+
+    with_worker(body)
+    row = UsageRecord.objects.get(endpoint="ws.chat")
+    assert (row.status, row.finish_reason, row.error_code) == (500, "error", "server_error")
