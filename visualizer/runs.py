@@ -26,7 +26,7 @@ from visualizer.models import Conversation
 LEVELS = ("summary", "full")
 RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation"}
 PARAM_FIELDS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
-                "logit_bias"}
+                "logit_bias", "response_format"}
 
 
 @dataclass(frozen=True)

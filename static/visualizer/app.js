@@ -50,6 +50,7 @@ function params() {
     const raw = $(name).value.trim();
     if (raw !== "") out[name] = Number(raw);
   }
+  if ($("response_format").value !== "text") out.response_format = { type: $("response_format").value };
   const bias = $("logit_bias").value.trim();
   if (bias) {
     try {

@@ -225,7 +225,8 @@ function drawSampling(run) {
   );
   field("sampling", "decision").textContent =
     (d.draw === null ? "greedy (temperature 0): the most likely token wins" : `random draw ${d.draw.toFixed(4)} among ${d.kept} kept tokens`) +
-    ` · chose ${JSON.stringify(s.token)} (rank ${s.rank}, logprob ${s.logprob.toFixed(3)}) · end-of-turn probability ${(d.eos_prob * 100).toFixed(2)}%`;
+    ` · chose ${JSON.stringify(s.token)} (rank ${s.rank}, logprob ${s.logprob.toFixed(3)}) · end-of-turn probability ${(d.eos_prob * 100).toFixed(2)}%` +
+    (d.grammar_cut ? ` · the grammar cut ${d.grammar_cut.toLocaleString()} tokens (mask ${ms(d.mask_seconds * 1000)})` : "");
 }
 
 function drawStream(run) {

@@ -303,3 +303,16 @@ def test_a_full_batch_makes_the_page_say_it_waits_and_then_it_runs(page: Any, da
     finally:
         for thread in hogs:
             thread.join(120)
+
+
+def test_a_json_answer_shows_the_tokens_the_grammar_cut(page: Any, screenshot: Any) -> None:
+    page.select_option("#response_format", "json_object")
+    page.fill("#max_tokens", "400")
+    ask(page, "Give the name and the country of the capital of France, as JSON.")
+    wait_done(page)
+    assert isinstance(json.loads(answer(page)), dict)
+    decision = page.inner_text('#stage-sampling [data-field="decision"]')
+    assert "the grammar cut" in decision and "mask" in decision
+    # the last draw: the JSON was complete, so only end-of-turn could follow and the model's other guesses were cut
+    assert "cut by grammar" in page.inner_text('#stage-sampling [data-field="bars"]')
+    screenshot(page.locator("#stage-sampling"), "sampling-grammar")

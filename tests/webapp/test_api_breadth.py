@@ -10,7 +10,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from openai import OpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from webapp.usage.models import UsageRecord
 
@@ -55,7 +55,7 @@ class SkyColour(BaseModel):
 
 
 class Fruits(BaseModel):
-    fruits: list[str]
+    fruits: list[str] = Field(max_length=5)  # a small model left alone repeats "strawberry" until max_tokens
 
 
 @pytest.mark.parametrize(
@@ -78,8 +78,8 @@ def test_parse_returns_a_parsed_object_for_a_pydantic_schema(daphne_server: Any,
 @pytest.mark.parametrize("seed", range(3))
 def test_json_object_always_parses(daphne_server: Any, make_key: Any, seed: int) -> None:
     reply = sdk(daphne_server, make_key()).chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Tell me about Paris, as JSON."}], response_format={"type": "json_object"},
-        temperature=1, seed=seed, max_tokens=300)
+        model="smollm2", messages=[{"role": "user", "content": "Give the name and the country of the capital of France, as JSON."}],
+        response_format={"type": "json_object"}, temperature=1, seed=seed, max_tokens=500)
     assert reply.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
 
@@ -103,7 +103,7 @@ def test_a_named_tool_choice_forces_a_call_with_valid_arguments(daphne_server: A
 def test_a_forced_tool_call_streams_as_openai_streams_it(daphne_server: Any, make_key: Any) -> None:
     stream = sdk(daphne_server, make_key()).chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "Weather in Tokyo, please."}], tools=[WEATHER_TOOL],  # type: ignore[list-item]
-        tool_choice="required", temperature=0, stream=True)
+        tool_choice="required", parallel_tool_calls=False, temperature=0, stream=True)
     deltas = [d for chunk in stream for choice in chunk.choices for d in (choice.delta.tool_calls or [])]
     first = deltas[0]
     assert first.index == 0 and first.id and first.type == "function" and first.function and first.function.name == "get_weather"
@@ -122,8 +122,11 @@ def test_tool_calls_and_results_in_history_are_shown_to_the_model(daphne_server:
     client = sdk(daphne_server, make_key())
     reply = client.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=40)  # type: ignore[arg-type,list-item]
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    prompt = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "messages": messages}, headers={"Authorization": f"Bearer {make_key()}"}).json()
-    assert "<tool_response>" in prompt["prompt"] and '"temperature": 21' in prompt["prompt"] and "<tool_call>" in prompt["prompt"]
+    prompt = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "messages": messages, "tools": [WEATHER_TOOL]}, headers={"Authorization": f"Bearer {make_key()}"}).json()
+    text = prompt["prompt"]
+    assert "<tools>" in text and '"name": "get_weather"' in text  # the documented system-prompt format
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>' in text
+    assert '<tool_response>\n{"temperature": 21, "sky": "sunny"}\n</tool_response>' in text
 
 
 def test_n_choices_are_reproducible_with_a_seed_and_counted_once_for_the_prompt(daphne_server: Any, make_key: Any) -> None:
@@ -136,7 +139,8 @@ def test_n_choices_are_reproducible_with_a_seed_and_counted_once_for_the_prompt(
     texts = [c.message.content for c in first.choices]
     assert [c.index for c in first.choices] == [0, 1, 2] and len(set(texts)) > 1
     assert [c.message.content for c in second.choices] == texts
-    assert first.usage is not None and first.usage.prompt_tokens == 20
+    single = client.chat.completions.create(model="smollm2", messages=CAPITAL, max_tokens=1)  # type: ignore[arg-type]
+    assert first.usage is not None and single.usage is not None and first.usage.prompt_tokens == single.usage.prompt_tokens
     row = UsageRecord.objects.get(request_id=first.id)
     assert row.completion_tokens == first.usage.completion_tokens > 16
 

@@ -31,7 +31,7 @@ def refused(body: dict[str, Any]) -> GatewayError:
     ({"model": "t", "messages": [{"role": "user"}]}, "messages[0].content", "Missing required parameter: 'messages[0].content'"),
     ({"model": "t", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, "messages[0].content", "messages[0].content"),
     ({"messages": HI}, "model", "Missing required parameter: 'model'"),
-    ({"model": "t", "messages": HI, "n": 3}, "n", "n=1"),
+    ({"model": "t", "messages": HI, "n": 9}, "n", "between 1 and 8"),
     ({"model": "t", "messages": HI, "top_logprobs": 2}, "top_logprobs", "requires 'logprobs'"),
     ({"model": "t", "messages": HI, "stream_options": {"include_usage": True}}, "stream_options", "only allowed when 'stream' is true"),
     ({"model": "t", "messages": HI, "stop": ["a", "b", "c", "d", "e"]}, "stop", "stop"),

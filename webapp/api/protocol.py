@@ -322,6 +322,7 @@ class TokenizeRequest(BaseModel):
     model: str = Field(min_length=1)
     text: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS, description="With messages: shown to the model as a chat request's tools are.")
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -330,10 +331,14 @@ class TokenizeRequest(BaseModel):
         return self
 
     @property
-    def chat_messages(self) -> list[dict[str, str]] | None:
+    def chat_messages(self) -> list[dict[str, Any]] | None:
         if self.messages is None:
             return None
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
+        return [_plain(m) for m in self.messages]
+
+    @property
+    def tool_definitions(self) -> list[dict[str, Any]] | None:
+        return [t.function.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
 class DetokenizeRequest(BaseModel):

@@ -258,7 +258,7 @@ async def tokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
         identity = await _authenticate(turn, request)
         body: TokenizeRequest = parse(TokenizeRequest, _body(request))
         route = route_model(turn.ctx, identity, body.model)
-        answer = await client.tokenize(route, body.text, body.chat_messages)
+        answer = await client.tokenize(route, body.text, body.chat_messages, body.tool_definitions)
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
     turn.usage.prompt_tokens = len(answer["ids"])

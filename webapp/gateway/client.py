@@ -267,11 +267,14 @@ async def _ask(route: ModelRoute, message: dict[str, Any], answer: str) -> dict[
             registry.in_flight[worker] -= 1
 
 
-async def tokenize(route: ModelRoute, text: str | None = None, messages: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    """Ids and token strings for plain `text`, or for `messages` rendered with the model's chat template."""
+async def tokenize(route: ModelRoute, text: str | None = None, messages: list[dict[str, Any]] | None = None,
+                   tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Ids and token strings for plain `text`, or for `messages` (and `tools`) rendered with the model's chat template."""
     message: TokenizeRequest = {"type": "tokenize", "model": route.id, "request_id": "", "reply_to": ""}
     if messages is not None:
         message["messages"] = messages
+        if tools:
+            message["tools"] = tools
     else:
         message["text"] = text or ""
     return await _ask(route, dict(message), "tokens")

@@ -66,7 +66,8 @@ class TokenizeRequest(TypedDict):
     request_id: str
     reply_to: str
     text: NotRequired[str]
-    messages: NotRequired[list[dict[str, str]]]
+    messages: NotRequired[list[dict[str, Any]]]
+    tools: NotRequired[list[dict[str, Any]]]
 
 
 class DetokenizeRequest(TypedDict):

@@ -149,7 +149,7 @@ class EngineRunner:
         def answer() -> None:
             try:
                 if "messages" in message:
-                    prompt = pipeline.loaded.chat_template.render(message["messages"])  # type: ignore[arg-type]
+                    prompt = pipeline.loaded.chat_template.render(message["messages"], tools=message.get("tools"))  # type: ignore[arg-type]
                     reply: TokensReply = {"type": "tokens", "request_id": message["request_id"], "ids": prompt.ids, "tokens": prompt.tokens,
                                           "spans": [list(s) for s in prompt.spans], "text": prompt.text,
                                           "segments": [dataclasses.asdict(segment) for segment in prompt.segments]}
