@@ -243,3 +243,21 @@ def test_the_real_model_batched_gives_each_request_its_own_greedy_answer(weights
     together = _run(_scheduler(loaded), requests)
     for request in requests:
         assert_same_or_near_tie(_tokens(together[request.request_id]), _alone(loaded, request), tolerance)
+
+
+def test_choices_of_one_request_share_one_prefill_and_decode_together(tiny_model: LoadedModel) -> None:
+    """n > 1: the later choices wait for the first one's prompt, copy it, and join its batch; each choice is what its
+    own seed gives alone."""
+    prompt = PROMPTS[0] * 3
+    first = _request("n", prompt, TraceLevel.SUMMARY, temperature=1.0, seed=5, max_tokens=8)
+    others = [dataclasses.replace(first, request_id=f"n#{i}", params=dataclasses.replace(first.params, seed=5 + i), shares_prompt_with="n")
+              for i in (1, 2)]
+    outputs = _run(_scheduler(tiny_model, prefix_cache_bytes=0), [first, *others])
+    batches = [e for e in _events(outputs["n"]) if isinstance(e, BatchStep)]
+    assert batches[0].prefill_tokens == len(prompt) and batches[0].batch_size == 1  # only the first choice prefills the prompt
+    assert max(b.batch_size for b in batches) == 3  # then all three decode in one forward
+    for other in others:
+        finished = next(e for e in _events(outputs[other.request_id]) if isinstance(e, Finished))
+        assert finished.cached_tokens == len(prompt) - 1  # copied from the first choice, not recomputed
+        alone = dataclasses.replace(other, request_id="alone", shares_prompt_with=None)
+        assert [s.token_id for s in _tokens(outputs[other.request_id])] == [s.token_id for s in _alone(tiny_model, alone)]

@@ -13,7 +13,8 @@ from django.test import override_settings
 from loops import run_async
 from webapp.api.protocol import ChatCompletionRequest
 from webapp.api.completions import choices_for
-from webapp.api.views import _stream
+from webapp.api.completions import completion
+from webapp.api.views import _complete, _stream
 from webapp.gateway.client import Generation
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, record_usage
@@ -131,3 +132,15 @@ def test_browser_visitors_get_the_configured_session_limits() -> None:
         user = identify_session(7, "def")
     assert (anonymous.kind, anonymous.bucket, anonymous.limits.requests_per_minute) == ("anonymous", "session:abc", 3)
     assert (user.kind, user.bucket, user.limits.requests_per_minute) == ("user", "user:7", 30)
+
+
+def test_an_unexpected_exception_without_streaming_is_a_500_in_openais_shape_and_an_error_row() -> None:
+    generation = ScriptedGeneration([SAMPLED, TEXT, KeyError("internal detail")])
+    turn = _turn(generation)
+    choices = choices_for(1, False)
+    response = run_async(_complete(turn, choices, lambda created: completion(turn, created, choices)))
+    assert response.status_code == 500
+    error = json.loads(response.content)["error"]
+    assert error["type"] == "server_error" and "internal detail" not in error["message"]
+    row = UsageRecord.objects.get(request_id="chatcmpl-test")
+    assert (row.status, row.finish_reason, row.completion_tokens) == (500, "error", 1)
