@@ -148,7 +148,7 @@ def in_the_engine() -> None:
     print("\nin the engine (" + pipeline.loaded.weights_description + "), one greedy answer, decode ms per token:")
     for label, grammar in (("free text", None), ("JSON schema", "start: %json " + json.dumps(schema))):
         best = None
-        for _ in range(3):
+        for _ in range(5):
             request = pipeline.prepare(question, SamplingParams(temperature=0, max_tokens=60, grammar=grammar))
             events = list(pipeline.stream(request, TraceLevel.SUMMARY))
             done = next(e for e in events if isinstance(e, Finished))
