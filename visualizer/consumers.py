@@ -14,6 +14,7 @@ from typing import Any
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from visualizer.runs import Run, Visitor, inspect
+from webapp.gateway.json_input import BadJSON, loads_object
 from webapp.gateway.watch import WATCH_GROUP, watcher_joined, watcher_left
 
 MAX_FRAME_BYTES = 64 * 1024
@@ -36,11 +37,11 @@ class FrameConsumer(AsyncWebsocketConsumer):
             await self.error(f"Frame too large: at most {MAX_FRAME_BYTES} bytes.", "frame_too_large")
             return
         try:
-            frame = json.loads(text_data)
-        except json.JSONDecodeError as exc:
-            await self.error(f"Frame is not valid JSON: {exc.msg}.")
+            frame = loads_object(text_data, "The frame")
+        except BadJSON as exc:
+            await self.error(exc.message)
             return
-        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        if not isinstance(frame.get("type"), str):
             await self.error("Frame must be a JSON object with a 'type'.")
             return
         await self.receive_frame(frame)

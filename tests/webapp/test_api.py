@@ -263,6 +263,11 @@ def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, 
         (json.dumps({"model": "tiny", "messages": [{"role": "user"}]}).encode(), {}, 400, "messages[0].content"),
         (json.dumps({"model": "tiny", "messages": HI, "n": 9}).encode(), {}, 400, "between 1 and 8"),
         (b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"a" * (2 * 1024 * 1024) + b'"}]}', {}, 413, "too large"),
+        (b"[" * 100000 + b"]" * 100000, {}, 400, "nested too deeply"),
+        (b'{"model": "tiny", "messages": [], "max_tokens": ' + b"9" * 5001 + b"}", {}, 400, "too many digits"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', {}, 400, "NaN is not valid JSON"),
+        (b'{"model": "tiny", "messages": [{"role": "system", "content": "\\ud800"}, {"role": "user", "content": "hi"}]}', {}, 400,
+         "'messages[0].content' contains a lone UTF-16 surrogate"),
     ],
 )
 def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
@@ -273,6 +278,7 @@ def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
     assert r.status_code == status
     error = r.json()["error"]
     assert words in error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert _usage(r.headers["x-request-id"]).status == status  # refused, and still logged
     ok = httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 1}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     assert ok.status_code == 200
 
@@ -284,7 +290,13 @@ def test_the_openapi_description_lists_the_endpoints(daphne_server: Any) -> None
 
 def test_wrong_method_is_405(daphne_server: Any, make_key: Any) -> None:
     r = httpx.get(f"{daphne_server.api}/chat/completions", headers={"Authorization": f"Bearer {make_key()}"})
-    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed" and r.headers["allow"] == "POST"
+    assert _usage(r.headers["x-request-id"]).status == 405  # every request leaves a usage row, as the README says
+
+
+def test_listing_models_leaves_a_usage_row(daphne_server: Any, make_key: Any) -> None:
+    r = httpx.get(f"{daphne_server.api}/models", headers={"Authorization": f"Bearer {make_key()}"})
+    assert r.status_code == 200 and _usage(r.headers["x-request-id"]).endpoint == "models"
 
 
 def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(daphne_server: Any, make_key: Any, smollm2_pipeline: Any) -> None:

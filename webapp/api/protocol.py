@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from inference.params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams
 from webapp.api import structured
 from webapp.gateway.errors import GatewayError, bad_request
+from webapp.gateway.json_input import BadJSON, loads_object
 
 Strict = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MAX_MESSAGES = 4096  # far beyond any context window this server holds; a cheap first bound
@@ -358,18 +359,15 @@ class _Conflict(ValueError):
 
 
 def json_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; 400 for non-UTF-8 bytes, invalid JSON or a non-object."""
+    """The body as a JSON object; 400 for non-UTF-8 bytes, invalid JSON, a non-object, or text that is not text."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise bad_request(f"The request body is not valid UTF-8 (byte {exc.start}).") from None
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    return body
+        return loads_object(text)
+    except BadJSON as exc:
+        raise bad_request(exc.message, exc.param) from None
 
 
 def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:

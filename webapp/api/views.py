@@ -42,9 +42,9 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return json_body(raw)
 
 
-def _method_not_allowed(request: HttpRequest, allowed: str) -> JsonResponse:
-    exc = GatewayError(405, f"Method {request.method} is not allowed here; use {allowed}.", "invalid_request_error", "method_not_allowed")
-    return JsonResponse(exc.body(), status=405, headers={"Allow": allowed})
+def _method_not_allowed(request: HttpRequest, allowed: str) -> GatewayError:
+    return GatewayError(405, f"Method {request.method} is not allowed here; use {allowed}.", "invalid_request_error", "method_not_allowed",
+                        headers={"Allow": allowed})
 
 
 ApiView = Callable[[HttpRequest, Turn], Awaitable[HttpResponse]]
@@ -57,9 +57,10 @@ def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRe
         @csrf_exempt
         @functools.wraps(view)
         async def endpoint_view(request: HttpRequest) -> HttpResponse:
+            turn = Turn(endpoint, request.META.get("REMOTE_ADDR"))
             if request.method != method:
-                return _method_not_allowed(request, method)
-            return await view(request, Turn(endpoint, request.META.get("REMOTE_ADDR")))
+                return await _refused(turn, _method_not_allowed(request, method))
+            return await view(request, turn)
 
         return endpoint_view
 
@@ -241,14 +242,15 @@ def _text_stream(turn: Turn, body: CompletionRequest, choices: list[Choice], ech
 async def models(request: HttpRequest, turn: Turn) -> HttpResponse:
     try:
         identity = await _authenticate(turn, request)
-    except GatewayError as exc:
-        return _error(exc, turn.ctx)
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
     data = [
         {"id": r.id, "object": "model", "created": 0, "owned_by": "roundtrip", "aliases": list(r.aliases), "status": await sync_to_async(model_load)(r.id)}
         for r in configured_models()
         if identity.may_use(r.id)
     ]
-    return JsonResponse({"object": "list", "data": data})
+    await turn.settle()
+    return JsonResponse({"object": "list", "data": data}, headers=turn.ctx.headers())
 
 
 @api_view("POST", "tokenize")
