@@ -36,3 +36,12 @@ class ContextLengthExceededError(InvalidRequestError):
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.limit = limit
+
+
+class PromptFarTooLongError(ContextLengthExceededError):
+    """Found before rendering: so many messages or characters that no tokenization could fit (a cheap first check)."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        InvalidRequestError.__init__(
+            self, f"This model's maximum context length is {limit} tokens, and {what} cannot fit in it. Shorten the messages.", param="messages")
+        self.prompt_tokens, self.max_tokens, self.limit = limit + 1, 0, limit

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Generator, Mapping, Sequence
 
 from inference.chat_template import Message, Prompt
-from inference.errors import ContextLengthExceededError
+from inference.errors import ContextLengthExceededError, PromptFarTooLongError
 from inference.grammar import Grammar
 from inference.loader import LoadedModel
 from inference.params import SamplingParams
@@ -39,6 +39,7 @@ class PreparedRequest:
 class ChatPipeline:
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
+        self._longest_token = max((len(b) for b in loaded.tokenizer.token_bytes), default=1)  # characters one token can spell, at most
 
     def prepare(
         self,
@@ -65,23 +66,50 @@ class ChatPipeline:
         if params.seed is None:
             params = dataclasses.replace(params, seed=secrets.randbits(63))
         limit = self.loaded.config.context_length
+        if not truncate_history:
+            self._within_reach(messages, text, limit)
         started = time.perf_counter()
-        kept = list(messages)
-        dropped = 0
-        while True:
-            prompt = self.loaded.chat_template.render(kept, tools=tools) if text is None else self.loaded.chat_template.plain(text)
+        first = 1 if messages and messages[0]["role"] == "system" else 0
+
+        def attempt(drop: int) -> tuple[Prompt, SamplingParams, bool]:
+            """The prompt without the `drop` oldest turns after the system prompt, its parameters, and whether it fits."""
+            if text is not None:
+                prompt = self.loaded.chat_template.plain(text)
+            else:
+                prompt = self.loaded.chat_template.render([*messages[:first], *messages[first + drop :]], tools=tools)
+            fitted = params
             if fit_max_tokens and len(prompt.ids) < limit:
-                params = dataclasses.replace(params, max_tokens=min(params.max_tokens, limit - len(prompt.ids)))
-            fits = len(prompt.ids) + params.max_tokens <= limit
-            first_turn = 1 if kept and kept[0]["role"] == "system" else 0
-            if fits or text is not None or not truncate_history or len(kept) - first_turn <= 1:
-                break
-            del kept[first_turn]
-            dropped += 1
+                fitted = dataclasses.replace(params, max_tokens=min(params.max_tokens, limit - len(prompt.ids)))
+            return prompt, fitted, len(prompt.ids) + fitted.max_tokens <= limit
+
+        prompt, params, fits = attempt(0)
+        dropped = 0
+        droppable = len(messages) - first - 1  # the newest message always stays
+        if not fits and truncate_history and text is None and droppable > 0:
+            # the fewest turns to drop, by bisection: a few renders even for thousands of messages
+            low, high = 1, droppable
+            while low < high:
+                middle = (low + high) // 2
+                if attempt(middle)[2]:
+                    high = middle
+                else:
+                    low = middle + 1
+            dropped = low
+            prompt, params, fits = attempt(dropped)
         if not fits:
             raise ContextLengthExceededError(len(prompt.ids), params.max_tokens, limit)
         grammar = self._grammar(params.grammar) if params.grammar else None
         return PreparedRequest(prompt, params, dropped, received, time.perf_counter() - started, grammar)
+
+    def _within_reach(self, messages: Sequence[Message], text: str | None, limit: int) -> None:
+        """Refuse at once what cannot fit whatever the tokenization: each message takes at least one token, and no
+        token spells more characters than the longest in the vocabulary."""
+        if text is None and len(messages) > limit:
+            raise PromptFarTooLongError(f"{len(messages)} messages", limit)
+        longest = self._longest_token
+        chars = len(text) if text is not None else sum(len(m.get("content") or "") for m in messages)
+        if chars > limit * longest:
+            raise PromptFarTooLongError(f"{chars} characters", limit)
 
     def _grammar(self, lark: str) -> Grammar:
         """The request's matcher (built here, off the engine thread: compiling a schema takes up to milliseconds)."""

@@ -122,3 +122,41 @@ def test_full_level_attention_matches_a_plain_recomputation(tiny_pipeline: ChatP
     _, attention = naive_forward(loaded.config, file_weights(loaded), request.prompt.ids)
     assert prefill.detail is not None
     assert np.allclose(prefill.detail.attention.astype(np.float32), attention, atol=2e-3)
+
+
+def _count_renders(pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    template = pipeline.loaded.chat_template
+    real = template.render
+
+    def counted(messages: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(messages))
+        return real(messages, *args, **kwargs)
+
+    monkeypatch.setattr(template, "render", counted)
+    return calls
+
+
+def test_a_request_of_thousands_of_messages_is_refused_before_any_rendering(tiny_pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once 48 s of the engine's time for 8,000 messages; now a count, no template, no tokenizer."""
+    from inference.errors import ContextLengthExceededError
+
+    renders = _count_renders(tiny_pipeline, monkeypatch)
+    for messages in ([{"role": "user", "content": "hi"}] * 10_000, [{"role": "user", "content": "x" * 200_000}]):
+        with pytest.raises(ContextLengthExceededError, match="cannot fit"):
+            tiny_pipeline.prepare(messages, SamplingParams(max_tokens=4))  # type: ignore[arg-type]
+    assert renders == []
+
+
+def test_truncating_a_long_history_takes_a_few_renders_not_one_per_turn(tiny_pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    turns: list[Message] = [{"role": "system", "content": "be brief"}]
+    for i in range(200):
+        turns += [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+    turns.append({"role": "user", "content": "the last question"})
+    renders = _count_renders(tiny_pipeline, monkeypatch)
+    request = tiny_pipeline.prepare(turns, SamplingParams(max_tokens=8), truncate_history=True)
+    assert len(renders) <= 12  # bisection over 400 droppable turns
+    assert len(request.prompt.ids) + 8 <= tiny_pipeline.loaded.config.context_length
+    keep_one_more = [turns[0], *turns[request.dropped_messages:]]  # the fewest dropped: one turn more would not fit
+    assert len(tiny_pipeline.loaded.chat_template.render(keep_one_more).ids) + 8 > tiny_pipeline.loaded.config.context_length
+    assert "the last question" in request.prompt.text

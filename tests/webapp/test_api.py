@@ -345,3 +345,20 @@ def test_tokenize_takes_chat_messages_and_detokenize_round_trips(daphne_server: 
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     both = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "x", "messages": SEED_QUESTION}, headers=headers, timeout=30)
     assert both.status_code == 400
+
+
+def test_a_ten_thousand_message_request_does_not_hold_up_a_normal_chat(daphne_server: Any, make_key: Any) -> None:
+    key = make_key()
+    huge = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}] * 10_000, "max_tokens": 4}
+    with ThreadPoolExecutor(1) as pool:
+        big = pool.submit(httpx.post, f"{daphne_server.api}/chat/completions", json=huge, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        started = time.perf_counter()
+        with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 8, "stream": True},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=60) as stream:
+            ttft = None
+            for line in stream.iter_lines():
+                if ttft is None and '"content"' in line:
+                    ttft = time.perf_counter() - started
+        refused = big.result()
+    assert ttft is not None and ttft < 2.0
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"  # refused at the edge, by count
