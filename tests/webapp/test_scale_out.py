@@ -132,6 +132,7 @@ def test_two_workers_share_the_load_and_a_killed_one_fails_only_its_own_streams(
             victim_id = next(w for w in _live_workers(url) if w.split("-")[-2] == str(victim.pid))
             victim.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
+            _until(lambda: victim_id not in _live_workers(url), 10, "/health reports the killed worker gone within 10 s")
             streams = [f.result(timeout=120) for f in futures]
         assert {s.worker for s in streams} == set(_live_workers(url)) | {victim_id}  # requests went to both workers
         for s in streams:
