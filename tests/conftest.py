@@ -20,7 +20,7 @@ import pytest
 
 from inference.loader import LoadedModel, load_model
 from inference.pipeline import ChatPipeline
-from servers import free_port, start, stop, wait_ready
+from servers import free_port, server_env, start, stop, wait_ready
 from tiny_gguf import TinySpec, write_tiny_gguf
 
 # Models in the tests (in-process and in the servers they start) run float32 weights: the tests compare them
@@ -163,7 +163,7 @@ def daphne_server(django_db_setup: None, tiny_model_path: Path, tmp_path_factory
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {
-        **os.environ,
+        **server_env(),
         "ROUNDTRIP_SQLITE_PATH": str(_DB_FILE),
         "ROUNDTRIP_MODELS": json.dumps(
             [{"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"]}, {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"]}]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -12,6 +13,17 @@ import httpx2 as httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# What a server started by the tests may inherit from the developer's environment; everything else (a DATABASE_URL,
+# a REDIS_URL, a GPU) stays out, so the servers run the layout and the device the test asks for.
+INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "ROUNDTRIP_WEIGHTS", "ROUNDTRIP_CACHE_DIR")
+
+
+def server_env(**settings: str) -> dict[str, str]:
+    """A server's environment: the allowlist above, CPU pinned, unbuffered output, then `settings`."""
+    env = {name: os.environ[name] for name in INHERITED if name in os.environ}
+    return {**env, "ROUNDTRIP_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **settings}
 
 
 def free_port() -> int:

@@ -22,13 +22,18 @@ def browser(daphne_server: Any) -> Iterator[Any]:
         pytest.skip(f"{SERVICE_SKIP_PREFIX} Chromium at {CHROMIUM} (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    # Playwright's loop makes Django think the ORM calls of the test itself are async; they are not.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
-
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture(autouse=True)
+def _orm_beside_playwright(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Playwright's loop makes Django think a browser test's own ORM calls are async; they are not. Only for the
+    tests that drive the browser, and never in a server's environment (`servers.server_env`)."""
+    if "browser" in request.fixturenames:
+        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
 
 
 @pytest.fixture

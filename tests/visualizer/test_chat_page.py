@@ -9,7 +9,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from servers import start, stop, wait_ready
+from servers import server_env, start, stop, wait_ready
 
 pytestmark = pytest.mark.django_db(transaction=True)
 STAGES = ["request", "gateway", "tokens", "context", "forward", "sampling", "stream", "detok", "latency"]
@@ -162,7 +162,7 @@ def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tin
     from servers import free_port
 
     port = free_port()
-    env = {**__import__("os").environ, "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
+    env = {**server_env(), "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
            "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
     from servers import manage
 
@@ -239,7 +239,7 @@ def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_pa
     from servers import free_port, manage
 
     port = free_port()
-    env = {**__import__("os").environ, "ROUNDTRIP_CACHE_DIR": str(tmp_path / "cold-cache"), "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
+    env = {**server_env(), "ROUNDTRIP_CACHE_DIR": str(tmp_path / "cold-cache"), "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
            "ROUNDTRIP_MODELS": json.dumps([{"id": "smollm2-135m-instruct", "path": "", "aliases": []}])}
     manage(env, "migrate", "--noinput")
     server = start(env, tmp_path / "server.log", "serve", "--port", str(port))

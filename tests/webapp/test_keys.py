@@ -96,5 +96,7 @@ def test_admin_shows_usage(admin_client: Client) -> None:
                                finish_reason="stop", prompt_tokens=10, completion_tokens=5)
     listing = admin_client.get("/admin/keys/apikey/").content.decode()
     assert "busy" in listing and ">15<" in listing
+    other, _ = ApiKey.create_key("other")
+    UsageRecord.objects.create(request_id="chatcmpl-other", api_key=other, endpoint="chat.completions", model="tiny", status=200)
     usage = admin_client.get(f"/admin/usage/usagerecord/?api_key__id__exact={key.pk}").content.decode()
-    assert "chatcmpl-abc" in usage or "tiny" in usage
+    assert "chatcmpl-abc" in usage and "chatcmpl-other" not in usage  # the filter shows this key's rows only

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import sqlite3
 import time
@@ -20,7 +19,7 @@ import httpx2 as httpx
 import pytest
 
 from loops import run_async
-from servers import free_port, manage, metric_samples, metric_value, start, stop, wait_ready
+from servers import free_port, manage, metric_samples, metric_value, server_env, start, stop, wait_ready
 
 CLIENTS = 32
 LEAVING = CLIENTS // 4
@@ -39,7 +38,7 @@ class Outcome:
 def busy_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     workdir = tmp_path_factory.mktemp("load")
     db = workdir / "db.sqlite3"
-    env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(db), "ROUNDTRIP_MAX_BATCH": str(CLIENTS), "PYTHONUNBUFFERED": "1",
+    env = {**server_env(), "ROUNDTRIP_SQLITE_PATH": str(db), "ROUNDTRIP_MAX_BATCH": str(CLIENTS), "PYTHONUNBUFFERED": "1",
            "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}])}
     manage(env, "migrate", "--noinput")
     key = manage(env, "createapikey", "load", "--rpm", "0", "--tpm", "0", "--concurrent", "0").strip().split()[-1]

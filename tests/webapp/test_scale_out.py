@@ -7,7 +7,6 @@ usage rows in PostgreSQL, and the model in its own `runinferenceworker` process.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -21,7 +20,7 @@ import psycopg
 import pytest
 from openai import OpenAI
 
-from servers import clear_of_minute_edge, free_port, manage, metric_samples, metric_value, start, stop, wait_ready
+from servers import clear_of_minute_edge, free_port, manage, metric_samples, metric_value, server_env, start, stop, wait_ready
 
 HI = [{"role": "user", "content": "the heat is on"}]
 
@@ -29,7 +28,7 @@ HI = [{"role": "user", "content": "the heat is on"}]
 @pytest.fixture
 def cluster(postgres_url: str, redis_url: str, tiny_model_path: Path, tmp_path: Path) -> Iterator[tuple[list[str], dict[str, str], list[Path]]]:
     env = {
-        **os.environ,
+        **server_env(),
         "DATABASE_URL": postgres_url,
         "REDIS_URL": redis_url,
         "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
@@ -112,7 +111,7 @@ def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def test_two_workers_share_the_load_and_a_killed_one_fails_only_its_own_streams(postgres_url: str, redis_url: str, tmp_path: Path) -> None:
-    env = {**os.environ, "DATABASE_URL": postgres_url, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "ROUNDTRIP_MAX_BATCH": "4"}
+    env = {**server_env(), "DATABASE_URL": postgres_url, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "ROUNDTRIP_MAX_BATCH": "4"}
     manage(env, "migrate", "--noinput")
     key = manage(env, "createapikey", "two", "--rpm", "0", "--tpm", "0", "--concurrent", "0").strip().split()[-1]
     web_port, metrics_ports = free_port(), [free_port(), free_port()]
