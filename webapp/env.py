@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -14,6 +15,23 @@ class ImproperlyConfiguredEnv(ValueError):
 
 def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
+
+
+def persisted_secret(name: str, path: os.PathLike[str] | str) -> str:
+    """The variable `name` when set; else a random secret kept in `path` (created once, readable by its owner only),
+    so the embedded default is never run with a published key and sessions survive a restart."""
+    given = os.environ.get(name)
+    if given:
+        return given
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        with open(path) as existing:
+            return existing.read().strip()
+    secret = secrets.token_urlsafe(50)
+    with os.fdopen(fd, "w") as new:
+        new.write(secret)
+    return secret
 
 
 def env_bool(name: str, default: bool) -> bool:

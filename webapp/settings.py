@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.env import database_from_url, env_bool, env_bytes, env_int, env_json, env_list, env_str
+from webapp.env import database_from_url, env_bool, env_bytes, env_int, env_json, env_list, env_str, persisted_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-DEBUG = env_bool("ROUNDTRIP_DEBUG", True)
-SECRET_KEY = env_str("ROUNDTRIP_SECRET_KEY", "dev-only-insecure-key-set-ROUNDTRIP_SECRET_KEY-in-production")
-if not DEBUG and SECRET_KEY.startswith("dev-only"):
-    raise ValueError("ROUNDTRIP_SECRET_KEY must be set when ROUNDTRIP_DEBUG is off")
+# Off unless asked for: the embedded default must be safe to expose by accident (no tracebacks, no settings pages).
+DEBUG = env_bool("ROUNDTRIP_DEBUG", False)
+SECRET_KEY = persisted_secret("ROUNDTRIP_SECRET_KEY", env_str("ROUNDTRIP_SECRET_KEY_FILE", str(BASE_DIR / ".secret-key")))
 ALLOWED_HOSTS = env_list("ROUNDTRIP_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 
 INSTALLED_APPS = [

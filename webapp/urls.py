@@ -12,3 +12,6 @@ urlpatterns = [
     path("bench/", include("webapp.benchmark.urls")),
     path("", include("visualizer.urls")),
 ]
+
+handler404 = "webapp.views.not_found"
+handler500 = "webapp.views.server_error"

@@ -1,6 +1,10 @@
-"""Site-wide endpoints that belong to no app: the health check."""
+"""Site-wide endpoints that belong to no app: the health check, and the error pages (JSON in OpenAI's shape under
+/v1/, a short HTML page elsewhere; never a traceback)."""
 
-from django.http import HttpRequest, JsonResponse
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 
 from webapp.gateway.routing import configured_models
 from webapp.worker import registry
@@ -12,3 +16,17 @@ def health(request: HttpRequest) -> JsonResponse:
     ready = all(s.get("state") == "ready" for s in statuses.values())
     workers = [{"worker": w["worker"], "host": w["host"], "pid": w["pid"], "models": w["models"]} for w in registry.live_workers()]
     return JsonResponse({"ready": ready, "models": statuses, "workers": workers}, status=200 if ready else 503)
+
+
+def _error(request: HttpRequest, status: int, message: str, kind: str, code: str) -> HttpResponse:
+    if request.path.startswith("/v1/"):
+        return JsonResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status)
+    return render(request, "error.html", {"status": status, "message": message}, status=status)
+
+
+def not_found(request: HttpRequest, exception: Any = None) -> HttpResponse:
+    return _error(request, 404, f"There is nothing at {request.path}.", "invalid_request_error", "not_found")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    return _error(request, 500, "The server failed while handling this request; it has been logged.", "server_error", "server_error")
