@@ -14,6 +14,7 @@ from typing import Any
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from visualizer.runs import Run, Visitor, inspect
+from webapp.gateway.client_ip import client_ip
 from webapp.gateway.json_input import BadJSON, loads_object
 from webapp.gateway.watch import WATCH_GROUP, watcher_joined, watcher_left
 
@@ -90,9 +91,11 @@ class PipelineConsumer(FrameConsumer):
         user = self.scope.get("user")
         session = self.scope.get("session")
         client = self.scope.get("client") or ["", 0]
-        session_key = getattr(session, "session_key", None) or f"ip:{client[0]}"
+        headers = dict(self.scope.get("headers") or [])
+        address = client_ip(client[0] or None, headers.get(b"x-forwarded-for", b"").decode("latin-1") or None)
+        session_key = getattr(session, "session_key", None) or f"ip:{address}"
         user_id = user.pk if user is not None and user.is_authenticated else None
-        return Visitor(user_id, session_key, client[0] or None)
+        return Visitor(user_id, session_key, address)
 
 
 class WatchConsumer(FrameConsumer):

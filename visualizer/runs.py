@@ -70,7 +70,7 @@ class Run:
         yield {"type": "request", "request_id": turn.request_id, "body": self.payload, "t": time.time()}
         request: ChatCompletionRequest | None = None
         try:
-            identity = turn.authenticated(identify_session(self.visitor.user_id, self.visitor.session_key), time.perf_counter())
+            identity = turn.authenticated(identify_session(self.visitor.user_id, self.visitor.session_key, self.visitor.client_ip), time.perf_counter())
             body, level, step = self._body()
             request = parse(ChatCompletionRequest, body)
             ctx.prompt_text = request.chat_messages[-1]["content"]
@@ -131,7 +131,7 @@ async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
     """The page asks for more: full-level detail of one token after the fact, through the same gateway."""
     turn = Turn("ws.inspect", visitor.client_ip)
     try:
-        turn.authenticated(identify_session(visitor.user_id, visitor.session_key), time.perf_counter())
+        turn.authenticated(identify_session(visitor.user_id, visitor.session_key, visitor.client_ip), time.perf_counter())
         route = await turn.admit(str(frame.get("model", "default")))
         ids = frame.get("ids")
         if not isinstance(ids, list):

@@ -125,6 +125,8 @@ ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
 
 # --- The gateway ------------------------------------------------------------------------------
 # Limits for browser sessions without an API key; 0 means unlimited.
+# Proxies whose X-Forwarded-For is believed (their addresses); nobody's, by default.
+ROUNDTRIP_TRUSTED_PROXIES = env_list("ROUNDTRIP_TRUSTED_PROXIES", [])
 ROUNDTRIP_ANONYMOUS_LIMITS = env_json(
     "ROUNDTRIP_ANONYMOUS_LIMITS",
     {"requests_per_minute": 10, "tokens_per_minute": 20000, "concurrent_streams": 1, "tokens_per_day": 200000},

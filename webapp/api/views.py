@@ -21,6 +21,7 @@ from webapp.api.completions import Choice, Piece, choices_for, chunk, completion
 from webapp.api.openapi import openapi_spec
 from webapp.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, json_body, parse
 from webapp.gateway import client
+from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
@@ -57,7 +58,7 @@ def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRe
         @csrf_exempt
         @functools.wraps(view)
         async def endpoint_view(request: HttpRequest) -> HttpResponse:
-            turn = Turn(endpoint, request.META.get("REMOTE_ADDR"))
+            turn = Turn(endpoint, client_ip(request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR")))
             if request.method != method:
                 return await _refused(turn, _method_not_allowed(request, method))
             return await view(request, turn)
@@ -74,7 +75,7 @@ async def _authenticate(turn: Turn, request: HttpRequest) -> Identity:
     authorization = request.headers.get("Authorization")
     if authorization is None and request.headers.get("X-CSRFToken") and await sync_to_async(_csrf_ok)(request):
         user = await request.auser()
-        identity = identify_session(user.pk if user.is_authenticated else None, request.session.session_key or "")
+        identity = identify_session(user.pk if user.is_authenticated else None, request.session.session_key or "", turn.ctx.client_ip)
     else:
         identity = await sync_to_async(identify_key)(authorization)
     return turn.authenticated(identity, started)

@@ -50,10 +50,10 @@ def identify_key(authorization: str | None) -> Identity:
     return Identity("key", f"key:{key.pk}", limits, api_key=key, user_id=key.owner_id)
 
 
-def identify_session(user_id: int | None, session_key: str) -> Identity:
-    """A browser visitor: signed-in users and anonymous visitors get the limits configured for them."""
+def identify_session(user_id: int | None, session_key: str, client_ip: str | None = None) -> Identity:
+    """A browser visitor: signed-in users and anonymous visitors get the limits configured for them. Anonymous
+    visitors are counted by address when it is known: a fresh cookie before each turn must not mean fresh limits."""
     if user_id is not None:
         return Identity("user", f"user:{user_id}", Limits.from_dict(settings.ROUNDTRIP_USER_LIMITS), user_id=user_id, session_key=session_key)
-    return Identity(
-        "anonymous", f"session:{session_key}", Limits.from_dict(settings.ROUNDTRIP_ANONYMOUS_LIMITS), session_key=session_key
-    )
+    bucket = f"ip:{client_ip}" if client_ip else f"session:{session_key}"
+    return Identity("anonymous", bucket, Limits.from_dict(settings.ROUNDTRIP_ANONYMOUS_LIMITS), session_key=session_key)
