@@ -15,25 +15,25 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(daphne_server: Any) -> Iterator[Any]:
-    """Started after the live server (and its database), since Playwright's sync API runs an event loop."""
+    """Started after the live server (and its database), since Playwright's sync API runs an event loop; one per
+    module, so the loop (and what it needs) ends with the browser tests.
+
+    While that loop runs, Django takes the tests' own ORM calls for async ones; they are not, so its check is
+    off for exactly that time, and never in a server's environment (`servers.server_env`)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{SERVICE_SKIP_PREFIX} Chromium at {CHROMIUM} (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(autouse=True)
-def _orm_beside_playwright(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Playwright's loop makes Django think a browser test's own ORM calls are async; they are not. Only for the
-    tests that drive the browser, and never in a server's environment (`servers.server_env`)."""
-    if "browser" in request.fixturenames:
-        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            yield chromium
+            chromium.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 @pytest.fixture

@@ -198,6 +198,8 @@ def test_tokens_faster_than_the_page_draws_are_never_lost(page: Any) -> None:
     page.fill("#seed", "7")
     ask(page, "go", model="tiny")
     wait_done(page)
+    # the page draws at its own pace (frames may be skipped): wait for the usage line, do not assume it is there
+    page.wait_for_function("document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')", timeout=15000)
     shown = page.locator(".bubble.assistant .tok").count()
     usage = page.inner_text('#stage-gateway [data-field="usage"]')
     assert f"+ {shown} tokens" in usage or f"+ {shown + 1} tokens" in usage  # (+1: a final end-of-turn token)
