@@ -169,6 +169,7 @@ def daphne_server(django_db_setup: None, tiny_model_path: Path, tmp_path_factory
             [{"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"]}, {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"]}]
         ),
         "ROUNDTRIP_MAX_BATCH": "4",
+        "ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS": "{}",  # every test client is 127.0.0.1; tests/webapp/test_client_ip.py covers it
         "ROUNDTRIP_MAX_QUEUED": "4",
         "PYTHONUNBUFFERED": "1",
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.env import database_from_url, env_bool, env_bytes, env_int, env_json, env_list, env_str, persisted_secret
+from webapp.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_bytes, env_int, env_json, env_list, env_str, persisted_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,38 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
+
+# Content-Security-Policy, always: scripts only from this site (every page's JavaScript is a file), sockets and
+# fetches only to it. Inline style attributes stay allowed (charts and the page set sizes and colours).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+
+# ROUNDTRIP_PRODUCTION=1: HTTPS only (redirect, HSTS, secure cookies), for a site behind TLS. `manage.py check
+# --deploy` then reports nothing. Health and metrics stay reachable over plain HTTP for local probes.
+PRODUCTION = env_bool("ROUNDTRIP_PRODUCTION", False)
+if PRODUCTION:
+    if DEBUG:
+        raise ImproperlyConfiguredEnv("ROUNDTRIP_DEBUG cannot be on with ROUNDTRIP_PRODUCTION")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^health$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = 31_536_000
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 ROOT_URLCONF = "webapp.urls"
 ASGI_APPLICATION = "webapp.asgi.application"
@@ -127,9 +158,15 @@ ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
 # Limits for browser sessions without an API key; 0 means unlimited.
 # Proxies whose X-Forwarded-For is believed (their addresses); nobody's, by default.
 ROUNDTRIP_TRUSTED_PROXIES = env_list("ROUNDTRIP_TRUSTED_PROXIES", [])
+if PRODUCTION and ROUNDTRIP_TRUSTED_PROXIES:  # TLS ends at the proxy: it says which requests came over HTTPS
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 ROUNDTRIP_ANONYMOUS_LIMITS = env_json(
     "ROUNDTRIP_ANONYMOUS_LIMITS",
     {"requests_per_minute": 10, "tokens_per_minute": 20000, "concurrent_streams": 1, "tokens_per_day": 200000},
+)
+# Every anonymous visitor from one address together (a classroom behind one NAT shares it).
+ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS = env_json(
+    "ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS", {"requests_per_minute": 60, "tokens_per_minute": 120000, "concurrent_streams": 8}
 )
 ROUNDTRIP_USER_LIMITS = env_json(
     "ROUNDTRIP_USER_LIMITS",

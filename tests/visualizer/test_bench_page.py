@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def bench(browser: Any, daphne_server: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True, bypass_csp=True)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -62,7 +62,7 @@ def test_a_saved_result_opens_read_only_at_its_link_and_exports(bench: Any, daph
     bench.click("#save")
     link = bench.wait_for_selector('[data-field="permalink"]').get_attribute("href")
     bench.wait_for_selector(f'#saved a[href="/{link.split("/", 3)[3]}"]')  # the list (htmx) shows it
-    other = browser.new_context()  # someone else, with only the link
+    other = browser.new_context(bypass_csp=True)  # someone else, with only the link
     page = other.new_page()
     page.goto(link)
     assert page.inner_text('#summary td[data-col="ttft"]') == live_ttft

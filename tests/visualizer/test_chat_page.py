@@ -170,7 +170,7 @@ def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tin
     url = f"http://127.0.0.1:{port}"
     server = start(env, tmp_path / "a.log", "serve", "--port", str(port))
     wait_ready(url, [server], [tmp_path / "a.log"])
-    context = browser.new_context()
+    context = browser.new_context(bypass_csp=True)
     page = context.new_page()
     try:
         page.goto(url + "/")
@@ -210,7 +210,7 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
     from django.contrib.auth.models import User
 
     User.objects.create_superuser("boss", "boss@example.com", "a-long-password-1")
-    context = browser.new_context()
+    context = browser.new_context(bypass_csp=True)
     page = context.new_page()
     try:
         page.goto(daphne_server.url + "/admin/login/?next=/watch/")
@@ -245,7 +245,7 @@ def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_pa
            "ROUNDTRIP_MODELS": json.dumps([{"id": "smollm2-135m-instruct", "path": "", "aliases": []}])}
     manage(env, "migrate", "--noinput")
     server = start(env, tmp_path / "server.log", "serve", "--port", str(port))
-    context = browser.new_context()
+    context = browser.new_context(bypass_csp=True)
     page = context.new_page()
     try:
         url = f"http://127.0.0.1:{port}/"
@@ -318,3 +318,25 @@ def test_a_json_answer_shows_the_tokens_the_grammar_cut(page: Any, screenshot: A
     # the last draw: the JSON was complete, so only end-of-turn could follow and the model's other guesses were cut
     assert "cut by grammar" in page.inner_text('#stage-sampling [data-field="bars"]')
     screenshot(page.locator("#stage-sampling"), "sampling-grammar")
+
+
+def test_the_page_runs_under_its_content_security_policy(browser: Any, daphne_server: Any) -> None:
+    """The policy enforced (no bypass): the page connects, answers and draws its charts, with no violation reported.
+    Waits use locators only (Playwright's string predicates would need eval)."""
+    context = browser.new_context()
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.on("console", lambda message: problems.append(message.text) if "Content Security Policy" in message.text else None)
+    try:
+        response = page.goto(daphne_server.url + "/")
+        assert response is not None and "script-src 'self'" in response.headers["content-security-policy"]
+        page.locator(".status.connected").wait_for(timeout=15000)
+        ask(page, "What's the capital of India?")
+        page.locator(".bubble.assistant .text", has_text="New Delhi").wait_for(timeout=60000)
+        page.locator("#send:not([disabled])").wait_for(timeout=60000)
+        page.goto(daphne_server.url + "/bench/")
+        page.locator("body").wait_for()
+    finally:
+        context.close()
+    assert problems == []

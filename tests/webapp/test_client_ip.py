@@ -8,8 +8,8 @@ from django.test import override_settings
 
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import GatewayError
+from webapp.gateway.gateway import RequestContext, limit_and_route
 from webapp.gateway.identity import identify_session
-from webapp.gateway.limits import RateLimiter
 
 
 def test_it_ignores_x_forwarded_for_from_anyone_but_a_trusted_proxy() -> None:
@@ -20,17 +20,19 @@ def test_it_ignores_x_forwarded_for_from_anyone_but_a_trusted_proxy() -> None:
         assert client_ip("10.0.0.1", None) == "10.0.0.1"
 
 
-def test_a_fresh_cookie_per_turn_does_not_reset_the_anonymous_limits() -> None:
+@pytest.mark.django_db
+def test_a_fresh_cookie_per_turn_does_not_reset_the_address_limits() -> None:
     cache.clear()
-    with override_settings(ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 2}):
+    with override_settings(ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 5}, ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS={"requests_per_minute": 2},
+                           ROUNDTRIP_MODELS=[{"id": "tiny", "path": "", "aliases": []}]):
         for turn in range(2):
-            RateLimiter(*_bucket_and_limits(f"session-{turn}")).admit()
+            _admit(f"session-{turn}", "203.0.113.9")
         with pytest.raises(GatewayError) as refused:
-            RateLimiter(*_bucket_and_limits("session-fresh")).admit()
+            _admit("session-fresh", "203.0.113.9")
+        _admit("session-fresh", "198.51.100.7")  # another address has its own count
     assert refused.value.status == 429
 
 
-def _bucket_and_limits(session_key: str) -> tuple[str, object]:
-    identity = identify_session(None, session_key, "203.0.113.9")
-    assert identity.bucket == "ip:203.0.113.9"
-    return identity.bucket, identity.limits
+def _admit(session_key: str, address: str) -> None:
+    ctx = RequestContext("chatcmpl-x", "chat.completions", address)
+    limit_and_route(ctx, identify_session(None, session_key, address), "tiny")

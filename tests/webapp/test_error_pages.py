@@ -45,3 +45,16 @@ def test_a_missing_url_and_a_failing_view_show_no_traceback() -> None:
         failed = client.get(url)
         assert failed.status_code == 500 and b"SECRET_SETTING_VALUE" not in failed.content and b"Traceback" not in failed.content
     assert client.get("/v1/boom").json()["error"]["type"] == "server_error"
+
+
+def test_the_production_setting_passes_djangos_deploy_check() -> None:
+    env = {**server_env(), "ROUNDTRIP_PRODUCTION": "1", "ROUNDTRIP_ALLOWED_HOSTS": "chat.example.org"}
+    done = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
+@pytest.mark.django_db
+def test_every_page_carries_a_content_security_policy_without_inline_script() -> None:
+    policy = Client().get("/health")["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy.split("script-src")[1].split(";")[0]

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.identity import Identity
-from webapp.gateway.limits import RateLimiter, RateState
+from webapp.gateway.limits import Limits, RateLimiter, RateState
 from webapp.gateway.routing import ModelRoute, resolve
 from webapp.usage.models import UsageRecord
 
@@ -38,6 +38,7 @@ class RequestContext:
     identity: Identity | None = None
     route: ModelRoute | None = None
     limiter: RateLimiter | None = None
+    address_limiter: RateLimiter | None = None  # anonymous visitors' per-address bucket
     rate: RateState | None = None
     stages: list[Stage] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
@@ -66,8 +67,17 @@ def limit_and_route(ctx: RequestContext, identity: Identity, model: str) -> None
     """Stages 2 and 3 (after authentication): rate limits and budgets, then the model. Raises GatewayError."""
     ctx.identity = identity
     started = time.perf_counter()
+    if identity.address_bucket is not None:  # the address's limits first: a fresh session must not reset them
+        by_address = RateLimiter(identity.address_bucket, Limits.from_dict(settings.ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS))
+        by_address.admit()
+        ctx.address_limiter = by_address
     limiter = RateLimiter(identity.bucket, identity.limits)
-    ctx.rate = limiter.admit()
+    try:
+        ctx.rate = limiter.admit()
+    except GatewayError:
+        if ctx.address_limiter is not None:
+            ctx.address_limiter.release()
+        raise
     ctx.limiter = limiter
     ctx.timed("rate_limit", started, bucket=identity.bucket, **ctx.rate.counted)
     route_model(ctx, identity, model)
@@ -97,9 +107,10 @@ def record_usage(
     """The usage row for this request (and the gateway's counters); also settles its tokens and frees its concurrency slot."""
     started = time.perf_counter()
     identity = ctx.identity
-    if ctx.limiter is not None:
-        ctx.limiter.release()
-        ctx.limiter.settle(prompt_tokens + completion_tokens)
+    for limiter in (ctx.limiter, ctx.address_limiter):
+        if limiter is not None:
+            limiter.release()
+            limiter.settle(prompt_tokens + completion_tokens)
     record = UsageRecord.objects.create(
         request_id=ctx.request_id,
         api_key=identity.api_key if identity else None,

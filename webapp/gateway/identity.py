@@ -19,6 +19,7 @@ class Identity:
     api_key: ApiKey | None = None
     user_id: int | None = None
     session_key: str = ""
+    address_bucket: str | None = None  # anonymous visitors: also counted per client address (see limit_and_route)
 
     @property
     def label(self) -> str:
@@ -52,8 +53,9 @@ def identify_key(authorization: str | None) -> Identity:
 
 def identify_session(user_id: int | None, session_key: str, client_ip: str | None = None) -> Identity:
     """A browser visitor: signed-in users and anonymous visitors get the limits configured for them. Anonymous
-    visitors are counted by address when it is known: a fresh cookie before each turn must not mean fresh limits."""
+    visitors are also counted per address, under looser limits (many people may share one address), so a fresh
+    cookie before each turn does not mean fresh limits."""
     if user_id is not None:
         return Identity("user", f"user:{user_id}", Limits.from_dict(settings.ROUNDTRIP_USER_LIMITS), user_id=user_id, session_key=session_key)
-    bucket = f"ip:{client_ip}" if client_ip else f"session:{session_key}"
-    return Identity("anonymous", bucket, Limits.from_dict(settings.ROUNDTRIP_ANONYMOUS_LIMITS), session_key=session_key)
+    return Identity("anonymous", f"session:{session_key}", Limits.from_dict(settings.ROUNDTRIP_ANONYMOUS_LIMITS), session_key=session_key,
+                    address_bucket=f"ip:{client_ip}" if client_ip else None)
