@@ -1,14 +1,27 @@
-"""Real headless Chromium (Debian's binary) driven by Playwright; screenshots go to artifacts/screenshots/."""
+"""Real headless Chromium (Debian's binary) driven by Playwright, screenshots going to artifacts/screenshots/; and a
+connected pipeline socket with an in-process worker (`with_worker`) for the socket's own tests."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import pytest
+from channels.auth import AuthMiddlewareStack
+from channels.layers import channel_layers
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
 
 from conftest import SERVICE_SKIP_PREFIX
+from loops import run_async
+from visualizer.routing import websocket_urlpatterns
+from webapp.gateway.routing import ModelRoute
+from webapp.worker.service import serve
+
+APP = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 
 CHROMIUM = os.environ.get("ROUNDTRIP_CHROMIUM", "/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -64,3 +77,29 @@ def screenshot() -> Any:
         return path
 
     return take
+
+
+@pytest.fixture
+def with_worker(tiny_model_path: Path) -> Iterator[Callable[[Callable[[WebsocketCommunicator], Awaitable[None]]], None]]:
+    """Run a test body against a connected socket, with an in-process worker serving the tiny model."""
+    models = [{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]
+
+    def run(body: Callable[[WebsocketCommunicator], Awaitable[None]]) -> None:
+        async def main() -> None:
+            channel_layers.backends = {}  # a fresh in-memory layer for this event loop
+            worker = asyncio.create_task(serve([ModelRoute("tiny", str(tiny_model_path), ())], show_progress=False))
+            communicator = WebsocketCommunicator(APP, "/ws/pipeline/")
+            connected, _ = await communicator.connect()
+            assert connected
+            assert (await communicator.receive_json_from())["type"] == "hello"
+            try:
+                await body(communicator)
+            finally:
+                await communicator.disconnect()
+                worker.cancel()
+                await asyncio.gather(worker, return_exceptions=True)
+
+        with override_settings(ROUNDTRIP_MODELS=models, ROUNDTRIP_ANONYMOUS_LIMITS={}):
+            run_async(main())
+
+    yield run

@@ -2,54 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
-from channels.auth import AuthMiddlewareStack
-from channels.layers import channel_layers
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
-from django.test import override_settings
 
-from loops import run_async
 from visualizer.models import Conversation
-from visualizer.routing import websocket_urlpatterns
-from webapp.gateway.routing import ModelRoute
 from webapp.usage.models import UsageRecord
-from webapp.worker.service import serve
 
 pytestmark = pytest.mark.django_db(transaction=True)
-APP = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 CHAT = {"type": "chat", "model": "tiny", "messages": [{"role": "user", "content": "the heat is on"}], "params": {"temperature": 0, "max_tokens": 4}}
-
-
-@pytest.fixture
-def with_worker(tiny_model_path: Path) -> Iterator[Callable[[Callable[[WebsocketCommunicator], Awaitable[None]]], None]]:
-    """Run a test body against a connected socket, with an in-process worker serving the tiny model."""
-    models = [{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]
-
-    def run(body: Callable[[WebsocketCommunicator], Awaitable[None]]) -> None:
-        async def main() -> None:
-            channel_layers.backends = {}  # a fresh in-memory layer for this event loop
-            worker = asyncio.create_task(serve([ModelRoute("tiny", str(tiny_model_path), ())], show_progress=False))
-            communicator = WebsocketCommunicator(APP, "/ws/pipeline/")
-            connected, _ = await communicator.connect()
-            assert connected
-            assert (await communicator.receive_json_from())["type"] == "hello"
-            try:
-                await body(communicator)
-            finally:
-                await communicator.disconnect()
-                worker.cancel()
-                await asyncio.gather(worker, return_exceptions=True)
-
-        with override_settings(ROUNDTRIP_MODELS=models, ROUNDTRIP_ANONYMOUS_LIMITS={}):
-            run_async(main())
-
-    yield run
 
 
 async def _until(communicator: WebsocketCommunicator, kind: str, timeout: float = 30) -> list[dict[str, Any]]:
