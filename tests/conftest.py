@@ -14,9 +14,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
+import torch
 
 from inference.loader import LoadedModel, load_model
 from inference.pipeline import ChatPipeline
@@ -85,14 +86,42 @@ def llamacpp_reference() -> dict[str, Any]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """With ROUNDTRIP_REQUIRE_SERVICES=1 (CI), a skip for a missing service is a failure."""
+    """With ROUNDTRIP_REQUIRE_SERVICES=1 (CI), any skip is a failure. (Tests for hardware this machine lacks are
+    not skipped: they are deselected at collection, with the reason in the summary; see `hardware` below.)"""
     outcome = yield
     report = outcome.get_result()
     if report.skipped and os.environ.get("ROUNDTRIP_REQUIRE_SERVICES") == "1":
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        if SERVICE_SKIP_PREFIX in reason:
-            report.outcome = "failed"
-            report.longrepr = f"ROUNDTRIP_REQUIRE_SERVICES=1 but the test was skipped: {reason}"
+        report.outcome = "failed"
+        report.longrepr = f"ROUNDTRIP_REQUIRE_SERVICES=1 but the test was skipped: {reason}"
+
+
+# @pytest.mark.hardware("cuda"): a test that can only run on that hardware. Where it is absent the test is deselected
+# (named in the summary with the reason), not skipped, so a skip always means something missing that could be there.
+HARDWARE: dict[str, tuple[Callable[[], bool], str]] = {
+    "cuda": (lambda: torch.cuda.is_available(), "no CUDA GPU here: the bf16 CUDA path is tested where one is present"),
+    "amx": (lambda: bool(torch._C._cpu._init_amx()), "this CPU has no AMX: the eager int4 kernel serves alone"),
+}
+_absent_hardware: list[tuple[str, str]] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    runnable, absent = [], []
+    for item in items:
+        marker = item.get_closest_marker("hardware")
+        if marker is not None and not HARDWARE[marker.args[0]][0]():
+            absent.append(item)
+            _absent_hardware.append((item.nodeid, HARDWARE[marker.args[0]][1]))
+        else:
+            runnable.append(item)
+    if absent:
+        config.hook.pytest_deselected(items=absent)
+        items[:] = runnable
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for nodeid, reason in _absent_hardware:
+        terminalreporter.write_line(f"not run on this machine: {nodeid} ({reason})")
 
 
 REDIS_URL = os.environ.get("ROUNDTRIP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -142,6 +171,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from django.db import connections
 
     connections["default"].settings_dict["TEST"]["NAME"] = str(_DB_FILE)
+    config.addinivalue_line("markers", "hardware(name): runs only where that hardware is present (see HARDWARE)")
 
 
 @dataclass

@@ -11,7 +11,7 @@ from inference.params import SamplingParams
 from inference.pipeline import ChatPipeline
 from inference.trace import Finished
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here: the bf16 CUDA path is tested where one is present")
+pytestmark = pytest.mark.hardware("cuda")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ def test_the_tiled_layout_is_the_one_inductors_template_reads() -> None:
     assert torch.equal(int4_gemm.tile(codes.to(torch.uint8)), CppWoqInt4GemmTemplate[32].block_weight(packed, None, None))
 
 
-@pytest.mark.skipif(not torch._C._cpu._init_amx(), reason="this CPU has no AMX: the eager int4 kernel serves alone")
+@pytest.mark.hardware("amx")
 def test_a_built_kernel_agrees_with_the_eager_kernel_for_any_row_count(tmp_path: Path) -> None:
     kernels = int4_gemm.load([(64, 96)], tmp_path)
     assert kernels is not None
