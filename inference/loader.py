@@ -12,7 +12,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 

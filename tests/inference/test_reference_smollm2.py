@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from inference.loader import LoadedModel, load_model
+from inference.loader import load_model
 from inference.pipeline import ChatPipeline
 from inference.params import SamplingParams
 from forward import last_logits

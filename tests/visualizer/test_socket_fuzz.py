@@ -79,7 +79,7 @@ def test_hostile_frames_never_close_or_hang_the_socket(with_worker: Any) -> None
             errors = [f for f in seen if f["type"] == "error"]
             assert all(isinstance(e["message"], str) and "Traceback" not in e["message"] for e in errors)
         await ws.send_json_to(CHAT)  # and it still serves
-        while (frame := await ws.receive_json_from(timeout=30))["type"] != "done":
+        while (await ws.receive_json_from(timeout=30))["type"] != "done":
             pass
 
     with_worker(body)
