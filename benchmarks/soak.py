@@ -1,0 +1,154 @@
+"""Soak: mixed API and WebSocket load on a running site for a fixed time, watching memory and the usage log.
+
+Starts the embedded default (one Daphne process holding the worker, SQLite) on loopback with the
+tiny test model (or `--model default` for the real one), then keeps `--api` HTTP clients (streamed
+and whole answers, a fifth of them leaving mid-stream) and `--ws` page clients (chat turns over
+the pipeline socket) busy for `--minutes`. Prints the server's RSS after warm-up and at the end,
+every status seen, and whether there is exactly one usage row per request.
+
+    .venv/bin/python benchmarks/soak.py --minutes 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx2 as httpx
+import websockets
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.statuses: Counter[str] = Counter()
+        self.request_ids: set[str] = set()
+        self.left = 0
+
+
+async def api_client(url: str, key: str, stop_at: float, tally: Tally, rng: random.Random) -> None:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=120) as client:
+        while time.monotonic() < stop_at:
+            body = {"model": "m", "messages": [{"role": "user", "content": f"tell me about {rng.random()}"}],
+                    "max_tokens": rng.randint(4, 48), "temperature": rng.choice([0, 0.8])}
+            if rng.random() < 0.6:
+                body["stream"] = True
+                async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as response:
+                    tally.request_ids.add(response.headers.get("x-request-id", ""))
+                    tally.statuses[f"api {response.status_code}"] += 1
+                    leave_after = rng.randint(1, 6) if rng.random() < 0.2 else None
+                    seen = 0
+                    async for _ in response.aiter_lines():
+                        seen += 1
+                        if leave_after is not None and seen >= leave_after:
+                            tally.left += 1
+                            break
+            else:
+                response = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+                tally.request_ids.add(response.headers.get("x-request-id", ""))
+                tally.statuses[f"api {response.status_code}"] += 1
+
+
+async def ws_client(url: str, stop_at: float, tally: Tally, rng: random.Random) -> None:
+    origin = url
+    async with websockets.connect(url.replace("http", "ws") + "/ws/pipeline/", origin=origin, max_size=None) as socket:  # type: ignore[arg-type]
+        assert json.loads(await socket.recv())["type"] == "hello"
+        while time.monotonic() < stop_at:
+            await socket.send(json.dumps({"type": "chat", "model": "m", "messages": [{"role": "user", "content": f"hi {rng.random()}"}],
+                                          "params": {"max_tokens": rng.randint(4, 32), "temperature": 0}, "level": rng.choice(["summary", "full"])}))
+            while True:
+                frame = json.loads(await socket.recv())
+                if frame["type"] == "request":
+                    tally.request_ids.add(frame["request_id"])
+                elif frame["type"] == "usage":
+                    tally.statuses[f"ws {frame['record']['status']}"] += 1
+                elif frame["type"] == "done":
+                    break
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--api", type=int, default=6, help="HTTP clients")
+    parser.add_argument("--ws", type=int, default=2, help="page (WebSocket) clients")
+    parser.add_argument("--model", default="tiny", help="'tiny' (written here) or 'default' (the real model)")
+    parser.add_argument("--port", type=int, default=8791)
+    args = parser.parse_args()
+
+    from servers import server_env  # type: ignore[import-not-found]
+    from tiny_gguf import write_tiny_gguf  # type: ignore[import-not-found]
+
+    work = Path(tempfile.mkdtemp(prefix="roundtrip-soak-"))
+    path = str(write_tiny_gguf(work / "tiny.gguf")) if args.model == "tiny" else ""
+    env = server_env(ROUNDTRIP_SQLITE_PATH=str(work / "db.sqlite3"), ROUNDTRIP_MODELS=json.dumps([{"id": "m", "path": path, "aliases": []}]),
+                     ROUNDTRIP_ANONYMOUS_LIMITS="{}", ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS="{}", ROUNDTRIP_SECRET_KEY_FILE=str(work / "secret"))
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
+    key = subprocess.run([*manage, "createapikey", "soak", "--rpm", "0", "--tpm", "0", "--concurrent", "0"], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True).stdout.strip().split()[-1]
+    log = (work / "server.log").open("wb")
+    server = subprocess.Popen([*manage, "serve", "--port", str(args.port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit(f"the server did not start; see {work / 'server.log'}")
+            time.sleep(0.5)
+        rng = random.Random(7)
+        tally = Tally()
+        warm = Tally()
+        asyncio.run(api_client(url, key, time.monotonic() + 15, warm, rng))  # warm-up: caches, allocator, first compiles
+        before = rss_mib(server.pid)
+        started = time.monotonic()
+        stop_at = started + args.minutes * 60
+
+        async def load() -> None:
+            await asyncio.gather(*[api_client(url, key, stop_at, tally, random.Random(i)) for i in range(args.api)],
+                                 *[ws_client(url, stop_at, tally, random.Random(100 + i)) for i in range(args.ws)])
+
+        asyncio.run(load())
+        time.sleep(3)  # the last settlements
+        after = rss_mib(server.pid)
+        with sqlite3.connect(work / "db.sqlite3") as db:
+            rows = db.execute("SELECT request_id, status FROM usage_usagerecord").fetchall()
+        ids = Counter(r[0] for r in rows)
+        ours = tally.request_ids - {""}
+        print(f"soak: {args.minutes:g} min, {args.api} API + {args.ws} WebSocket clients, model {args.model}, {os.cpu_count()} CPUs")
+        print(f"requests: {len(ours)} ({tally.left} left mid-stream); statuses: {dict(sorted(tally.statuses.items()))}")
+        print(f"usage rows for them: {sum(ids[r] for r in ours)}; requests without exactly one row: {sum(ids[r] != 1 for r in ours)}")
+        print(f"5xx rows: {sum(1 for _, status in rows if status >= 500)}")
+        print(f"server RSS: {before:.0f} MiB after warm-up, {after:.0f} MiB at the end ({(after - before) / before * 100:+.1f} %)")
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+if __name__ == "__main__":
+    main()
