@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--ws", type=int, default=2, help="page (WebSocket) clients")
     parser.add_argument("--model", default="tiny", help="'tiny' (written here) or 'default' (the real model)")
     parser.add_argument("--port", type=int, default=8791)
+    parser.add_argument("--prefix-cache-mib", type=int, help="the server's prefix-cache budget (default: its own, 512 MiB), which "
+                        "fills with distinct prompts: 0 separates that designed growth from a leak")
     args = parser.parse_args()
 
     from servers import server_env  # type: ignore[import-not-found]
@@ -103,6 +105,8 @@ def main() -> None:
     path = str(write_tiny_gguf(work / "tiny.gguf")) if args.model == "tiny" else ""
     env = server_env(ROUNDTRIP_SQLITE_PATH=str(work / "db.sqlite3"), ROUNDTRIP_MODELS=json.dumps([{"id": "m", "path": path, "aliases": []}]),
                      ROUNDTRIP_ANONYMOUS_LIMITS="{}", ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS="{}", ROUNDTRIP_SECRET_KEY_FILE=str(work / "secret"))
+    if args.prefix_cache_mib is not None:
+        env["ROUNDTRIP_PREFIX_CACHE_BYTES"] = str(args.prefix_cache_mib * 1024**2)
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
     key = subprocess.run([*manage, "createapikey", "soak", "--rpm", "0", "--tpm", "0", "--concurrent", "0"], cwd=ROOT, env=env, check=True,
@@ -140,7 +144,8 @@ def main() -> None:
             rows = db.execute("SELECT request_id, status FROM usage_usagerecord").fetchall()
         ids = Counter(r[0] for r in rows)
         ours = tally.request_ids - {""}
-        print(f"soak: {args.minutes:g} min, {args.api} API + {args.ws} WebSocket clients, model {args.model}, {os.cpu_count()} CPUs")
+        cache = "default" if args.prefix_cache_mib is None else f"{args.prefix_cache_mib} MiB"
+        print(f"soak: {args.minutes:g} min, {args.api} API + {args.ws} WebSocket clients, model {args.model}, prefix cache {cache}, {os.cpu_count()} CPUs")
         print(f"requests: {len(ours)} ({tally.left} left mid-stream); statuses: {dict(sorted(tally.statuses.items()))}")
         print(f"usage rows for them: {sum(ids[r] for r in ours)}; requests without exactly one row: {sum(ids[r] != 1 for r in ours)}")
         print(f"5xx rows: {sum(1 for _, status in rows if status >= 500)}")
