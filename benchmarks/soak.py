@@ -98,7 +98,7 @@ def main() -> None:
                         "fills with distinct prompts: 0 separates that designed growth from a leak")
     args = parser.parse_args()
 
-    from servers import server_env  # type: ignore[import-not-found]
+    from servers import server_env, wait_ready  # type: ignore[import-not-found]
     from tiny_gguf import write_tiny_gguf  # type: ignore[import-not-found]
 
     work = Path(tempfile.mkdtemp(prefix="roundtrip-soak-"))
@@ -115,16 +115,7 @@ def main() -> None:
     server = subprocess.Popen([*manage, "serve", "--port", str(args.port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{args.port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit(f"the server did not start; see {work / 'server.log'}")
-            time.sleep(0.5)
+        wait_ready(url, [server], [work / "server.log"], timeout=300)
         rng = random.Random(7)
         tally = Tally()
         warm = Tally()

@@ -20,7 +20,13 @@ from webapp.api import structured
 from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.json_input import BadJSON, loads_object
 
-Strict = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+class StrictModel(BaseModel):
+    """Every request model: unknown fields refused (as OpenAI does), no type coercion, no NaN or infinity."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
 MAX_MESSAGES = 4096  # far beyond any context window this server holds; a cheap first bound
 MAX_N = 8  # choices per request: each takes a slot of the batch
 MAX_TOOLS = 128
@@ -28,27 +34,23 @@ LEGACY_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 
 
-class TextPart(BaseModel):
-    model_config = Strict
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class ToolCallFunction(BaseModel):
-    model_config = Strict
+class ToolCallFunction(StrictModel):
     name: str
     arguments: str
 
 
-class ToolCall(BaseModel):
-    model_config = Strict
+class ToolCall(StrictModel):
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class ChatMessage(BaseModel):
-    model_config = Strict
+class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -69,18 +71,16 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class JsonSchemaSpec(BaseModel):
-    model_config = Strict
+class JsonSchemaSpec(StrictModel):
     name: FunctionName
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(StrictModel):
     """`text`, `json_object` (any JSON object) or `json_schema` (JSON valid against the given schema)."""
 
-    model_config = Strict
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
 
@@ -99,33 +99,28 @@ class ResponseFormat(BaseModel):
         return None
 
 
-class FunctionDefinition(BaseModel):
-    model_config = Strict
+class FunctionDefinition(StrictModel):
     name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolDefinition(BaseModel):
-    model_config = Strict
+class ToolDefinition(StrictModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(BaseModel):
-    model_config = Strict
+class NamedFunction(StrictModel):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = Strict
+class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class StreamOptions(BaseModel):
-    model_config = Strict
+class StreamOptions(StrictModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: running usage counts in every chunk
 
@@ -133,10 +128,9 @@ class StreamOptions(BaseModel):
 Probability = Annotated[float, Field(ge=0, le=1)]
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(StrictModel):
     """The sampling and streaming fields both completion endpoints share, and their conversion to SamplingParams."""
 
-    model_config = Strict
     model: str = Field(min_length=1)
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
@@ -315,11 +309,10 @@ def _plain(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(StrictModel):
     """POST /v1/tokenize: plain `text`, or chat `messages` rendered with the model's template (ids, token strings, the
     rendered prompt and its segments: system prompt, earlier turns, the new message, template markup)."""
 
-    model_config = Strict
     model: str = Field(min_length=1)
     text: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
@@ -342,10 +335,9 @@ class TokenizeRequest(BaseModel):
         return [t.function.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(StrictModel):
     """POST /v1/detokenize: token ids back to text."""
 
-    model_config = Strict
     model: str = Field(min_length=1)
     tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
 
