@@ -267,6 +267,9 @@ def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, 
         (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', {}, 400, "NaN is not valid JSON"),
         (b'{"model": "tiny", "messages": [{"role": "system", "content": "\\ud800"}, {"role": "user", "content": "hi"}]}', {}, 400,
          "'messages[0].content' contains a lone UTF-16 surrogate"),
+        (b'--x\r\nContent-Disposition: form-data; name="model"\r\n\r\ntiny\r\n--x--\r\n', {"Content-Type": "multipart/form-data; boundary=x"}, 400,
+         "not valid JSON"),
+        (json.dumps({"model": "tiny", "messages": HI}).encode(), {"Authorization": "Bearer " + "a" * 60_000}, 431, "the limit is 16,384"),
     ],
 )
 def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
@@ -280,6 +283,12 @@ def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
     assert _usage(r.headers["x-request-id"]).status == status  # refused, and still logged
     ok = httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 1}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     assert ok.status_code == 200
+
+
+def test_headers_past_the_transport_limit_get_431_not_a_dropped_connection(daphne_server: Any) -> None:
+    r = httpx.post(f"{daphne_server.api}/chat/completions", json={}, headers={"X-Padding": "a" * 200_000}, timeout=60)
+    assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
+    assert httpx.get(f"{daphne_server.url}/health", timeout=10).status_code == 200
 
 
 def test_the_openapi_description_lists_the_endpoints(daphne_server: Any) -> None:

@@ -13,7 +13,7 @@ ERROR = {"$ref": "#/components/schemas/Error"}
 
 def _errors(*codes: int) -> dict[str, Any]:
     words = {400: "Invalid request", 401: "Missing, unknown, revoked or expired API key", 403: "Model not allowed for this key",
-             404: "Unknown model", 405: "Wrong method", 413: "Body too large", 429: "Rate limit or budget exceeded (see Retry-After)",
+             404: "Unknown model", 405: "Wrong method", 413: "Body too large", 431: "Request headers too large", 429: "Rate limit or budget exceeded (see Retry-After)",
              500: "The server failed (logged; the message carries the request id, never internal details)",
              503: "Overloaded or the worker is unavailable (see Retry-After)"}
     return {str(c): {"description": words[c], "content": {"application/json": {"schema": ERROR}}} for c in codes}
@@ -56,7 +56,7 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                             "description": "A chat.completion object, or text/event-stream of chat.completion.chunk objects ending with [DONE]",
                             "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
                         },
-                        **_errors(400, 401, 403, 404, 405, 413, 429, 500, 503),
+                        **_errors(400, 401, 403, 404, 405, 413, 429, 431, 500, 503),
                     },
                 }
             },
@@ -69,7 +69,7 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                             "description": "A text_completion object, or text/event-stream of text_completion chunks ending with [DONE]",
                             "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
                         },
-                        **_errors(400, 401, 403, 404, 405, 413, 429, 500, 503),
+                        **_errors(400, 401, 403, 404, 405, 413, 429, 431, 500, 503),
                     },
                 }
             },
@@ -79,14 +79,14 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                     "summary": "Token ids and token strings for a text",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": tokenize_request}}},
                     "responses": {"200": {"description": "ids, tokens, spans and count (and for messages the rendered prompt and its segments)"},
-                                  **_errors(400, 401, 403, 404, 413, 500, 503)},
+                                  **_errors(400, 401, 403, 404, 413, 431, 500, 503)},
                 }
             },
             "/detokenize": {
                 "post": {
                     "summary": "The text that token ids spell",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": detokenize_request}}},
-                    "responses": {"200": {"description": "text"}, **_errors(400, 401, 403, 404, 413, 500, 503)},
+                    "responses": {"200": {"description": "text"}, **_errors(400, 401, 403, 404, 413, 431, 500, 503)},
                 }
             },
         },

@@ -27,6 +27,7 @@ from webapp.gateway.gateway import RequestContext, route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
 from webapp.gateway.lifecycle import Turn
 from webapp.gateway.routing import configured_models
+from webapp.header_limits import APP_HEADER_BYTES
 from webapp.worker.registry import model_load
 
 
@@ -41,6 +42,14 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     except RequestDataTooBig:
         raise GatewayError(413, "The request body is too large.", "invalid_request_error", "request_too_large") from None
     return json_body(raw)
+
+
+def _headers_too_large(request: HttpRequest) -> GatewayError | None:
+    size = sum(len(name) + len(value) for name, value in request.headers.items())
+    if size <= APP_HEADER_BYTES:
+        return None
+    return GatewayError(431, f"The request's headers take {size:,} bytes; the limit is {APP_HEADER_BYTES:,}.", "invalid_request_error",
+                        "headers_too_large")
 
 
 def _method_not_allowed(request: HttpRequest, allowed: str) -> GatewayError:
@@ -59,6 +68,8 @@ def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRe
         @functools.wraps(view)
         async def endpoint_view(request: HttpRequest) -> HttpResponse:
             turn = Turn(endpoint, client_ip(request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR")))
+            if too_large := _headers_too_large(request):
+                return await _refused(turn, too_large)
             if request.method != method:
                 return await _refused(turn, _method_not_allowed(request, method))
             return await view(request, turn)

@@ -1,0 +1,54 @@
+"""Oversized request headers get an answer, not a dropped connection.
+
+Twisted's HTTP channel (under Daphne) closes the connection without a word when one header line passes 16 KiB,
+and answers a bare 400 when all of them do. Here the transport reads header lines up to `TRANSPORT_HEADER_BYTES`, so
+a request with, say, a 60 KB `Authorization` header reaches the application, which answers 431 in its own format
+and writes a usage row (`webapp.api.views`, limit `APP_HEADER_BYTES`). Past the transport's limit a request is
+refused before the application sees it: a 431 with an OpenAI-style JSON body, and no usage row (nothing was
+identified yet).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from daphne.http_protocol import HTTPFactory
+from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
+
+APP_HEADER_BYTES = 16 * 1024
+TRANSPORT_HEADER_BYTES = 128 * 1024
+
+_BODY = json.dumps({"error": {"message": f"The request's headers are larger than {TRANSPORT_HEADER_BYTES // 1024} KiB.",
+                              "type": "invalid_request_error", "param": None, "code": "headers_too_large"}}).encode()
+TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
+             + b"Content-Length: %d\r\n\r\n" % len(_BODY) + _BODY)
+
+
+class HeaderLimitChannel(HTTPChannel):  # type: ignore[misc]
+    """Twisted's channel with larger header limits, answering 431 instead of closing or a bare 400 past them."""
+
+    MAX_LENGTH = TRANSPORT_HEADER_BYTES
+    totalHeadersSize = TRANSPORT_HEADER_BYTES
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._refuse()
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._refuse()
+            return
+        super().lineReceived(line)
+
+    def _refuse(self) -> None:
+        self.transport.write(TOO_LARGE)
+        self.loseConnection()
+
+
+def _channel(factory: Any) -> _GenericHTTPChannelProtocol:
+    return _GenericHTTPChannelProtocol(HeaderLimitChannel())
+
+
+def install() -> None:
+    """Make Daphne's HTTP factory build `HeaderLimitChannel`s (before `Server.run`)."""
+    HTTPFactory.protocol = _channel
