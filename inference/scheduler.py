@@ -40,7 +40,7 @@ class SchedulerConfig:
     max_waiting: int = 64  # requests queued while every slot is taken; beyond that `add` refuses
     kv_budget_bytes: int = 2 * GIB  # the running sequences' KV cache may not grow past this
     prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
-    prefix_cache_bytes: int = GIB // 2  # 0 turns the prefix cache off
+    prefix_cache_bytes: int = GIB // 8  # 0 turns the prefix cache off
     prefix_block: int = 32  # tokens per prefix-cache block
 
 
