@@ -3,8 +3,10 @@
 Starts the embedded default (one Daphne process holding the worker, SQLite) on loopback with the
 tiny test model (or `--model default` for the real one), then keeps `--api` HTTP clients (streamed
 and whole answers, a fifth of them leaving mid-stream) and `--ws` page clients (chat turns over
-the pipeline socket) busy for `--minutes`. Prints the server's RSS after warm-up and at the end,
-every status seen, and whether there is exactly one usage row per request.
+the pipeline socket) busy: first until the prefix cache holds its budget (its designed growth, which
+would otherwise read as a leak), then for `--minutes`. Prints the server's RSS at the start of that
+measured part and each minute after, every status seen, and whether there is exactly one usage row
+per request.
 
     .venv/bin/python benchmarks/soak.py --minutes 20
 """
@@ -28,8 +30,15 @@ import httpx2 as httpx
 import websockets
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PREFIX_CACHE = 128 * 1024**2  # the server's default, ROUNDTRIP_PREFIX_CACHE_BYTES
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+def prefix_cache_bytes(url: str) -> float:
+    from servers import metric_samples, metric_value  # type: ignore[import-not-found]
+
+    return metric_value(metric_samples(url), "roundtrip_prefix_cache_bytes")
 
 
 def rss_mib(pid: int) -> float:
@@ -46,10 +55,10 @@ class Tally:
         self.left = 0
 
 
-async def api_client(url: str, key: str, stop_at: float, tally: Tally, rng: random.Random) -> None:
+async def api_client(url: str, key: str, stop: asyncio.Event, tally: Tally, rng: random.Random) -> None:
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(timeout=120) as client:
-        while time.monotonic() < stop_at:
+        while not stop.is_set():
             body = {"model": "m", "messages": [{"role": "user", "content": f"tell me about {rng.random()}"}],
                     "max_tokens": rng.randint(4, 48), "temperature": rng.choice([0, 0.8])}
             if rng.random() < 0.6:
@@ -70,11 +79,11 @@ async def api_client(url: str, key: str, stop_at: float, tally: Tally, rng: rand
                 tally.statuses[f"api {response.status_code}"] += 1
 
 
-async def ws_client(url: str, stop_at: float, tally: Tally, rng: random.Random) -> None:
+async def ws_client(url: str, stop: asyncio.Event, tally: Tally, rng: random.Random) -> None:
     origin = url
     async with websockets.connect(url.replace("http", "ws") + "/ws/pipeline/", origin=origin, max_size=None) as socket:  # type: ignore[arg-type]
         assert json.loads(await socket.recv())["type"] == "hello"
-        while time.monotonic() < stop_at:
+        while not stop.is_set():
             await socket.send(json.dumps({"type": "chat", "model": "m", "messages": [{"role": "user", "content": f"hi {rng.random()}"}],
                                           "params": {"max_tokens": rng.randint(4, 32), "temperature": 0}, "level": rng.choice(["summary", "full"])}))
             while True:
@@ -94,8 +103,9 @@ def main() -> None:
     parser.add_argument("--ws", type=int, default=2, help="page (WebSocket) clients")
     parser.add_argument("--model", default="tiny", help="'tiny' (written here) or 'default' (the real model)")
     parser.add_argument("--port", type=int, default=8791)
-    parser.add_argument("--prefix-cache-mib", type=int, help="the server's prefix-cache budget (default: its own, 512 MiB), which "
-                        "fills with distinct prompts: 0 separates that designed growth from a leak")
+    parser.add_argument("--prefix-cache-mib", type=int, help="the server's prefix-cache budget (default: its own), which fills with "
+                        "distinct prompts; the measured part starts once it is full (0: no cache)")
+    parser.add_argument("--max-warmup", type=float, default=10.0, help="minutes of load at most before the measured part")
     args = parser.parse_args()
 
     from servers import server_env, wait_ready  # type: ignore[import-not-found]
@@ -116,30 +126,45 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     try:
         wait_ready(url, [server], [work / "server.log"], timeout=300)
-        rng = random.Random(7)
+        budget = int(env.get("ROUNDTRIP_PREFIX_CACHE_BYTES", DEFAULT_PREFIX_CACHE))
         tally = Tally()
-        warm = Tally()
-        asyncio.run(api_client(url, key, time.monotonic() + 15, warm, rng))  # warm-up: caches, allocator, first compiles
-        before = rss_mib(server.pid)
-        started = time.monotonic()
-        stop_at = started + args.minutes * 60
+        samples: list[tuple[float, float, float]] = []  # (minutes into the measured part, RSS MiB, prefix cache MiB)
+
+        async def watch(stop: asyncio.Event) -> None:
+            """Warm up until the prefix cache holds its budget (its designed growth), then sample RSS each minute."""
+            warm_until = time.monotonic() + args.max_warmup * 60
+            while time.monotonic() < warm_until and prefix_cache_bytes(url) < 0.95 * budget:
+                await asyncio.sleep(5)
+            started = time.monotonic()
+            while True:
+                elapsed = (time.monotonic() - started) / 60
+                samples.append((elapsed, rss_mib(server.pid), prefix_cache_bytes(url) / 1024**2))
+                if elapsed >= args.minutes:
+                    break
+                await asyncio.sleep(min(60.0, max(0.0, args.minutes * 60 - elapsed * 60)))
+            stop.set()
 
         async def load() -> None:
-            await asyncio.gather(*[api_client(url, key, stop_at, tally, random.Random(i)) for i in range(args.api)],
-                                 *[ws_client(url, stop_at, tally, random.Random(100 + i)) for i in range(args.ws)])
+            stop = asyncio.Event()
+            await asyncio.gather(watch(stop), *[api_client(url, key, stop, tally, random.Random(i)) for i in range(args.api)],
+                                 *[ws_client(url, stop, tally, random.Random(100 + i)) for i in range(args.ws)])
 
         asyncio.run(load())
         time.sleep(3)  # the last settlements
-        after = rss_mib(server.pid)
+        samples.append((samples[-1][0], rss_mib(server.pid), prefix_cache_bytes(url) / 1024**2))
         with sqlite3.connect(work / "db.sqlite3") as db:
             rows = db.execute("SELECT request_id, status FROM usage_usagerecord").fetchall()
         ids = Counter(r[0] for r in rows)
         ours = tally.request_ids - {""}
-        cache = "default" if args.prefix_cache_mib is None else f"{args.prefix_cache_mib} MiB"
-        print(f"soak: {args.minutes:g} min, {args.api} API + {args.ws} WebSocket clients, model {args.model}, prefix cache {cache}, {os.cpu_count()} CPUs")
+        print(f"soak: {args.minutes:g} min after warm-up, {args.api} API + {args.ws} WebSocket clients, model {args.model}, "
+              f"prefix cache {budget / 1024**2:.0f} MiB, {os.cpu_count()} CPUs")
         print(f"requests: {len(ours)} ({tally.left} left mid-stream); statuses: {dict(sorted(tally.statuses.items()))}")
         print(f"usage rows for them: {sum(ids[r] for r in ours)}; requests without exactly one row: {sum(ids[r] != 1 for r in ours)}")
         print(f"5xx rows: {sum(1 for _, status in rows if status >= 500)}")
+        print("minute  RSS MiB  prefix cache MiB")
+        for minute, rss, cache in samples:
+            print(f"{minute:6.1f}  {rss:7.0f}  {cache:16.1f}")
+        before, after = samples[0][1], samples[-1][1]
         print(f"server RSS: {before:.0f} MiB after warm-up, {after:.0f} MiB at the end ({(after - before) / before * 100:+.1f} %)")
     finally:
         server.terminate()

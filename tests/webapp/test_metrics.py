@@ -21,7 +21,7 @@ REQUIRED = [
     "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
     "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    "roundtrip_gateway_requests_total", "roundtrip_gateway_refused_total",
+    "roundtrip_gateway_requests_total", "roundtrip_gateway_refused_total", "roundtrip_prefix_cache_bytes",
 ]
 SUFFIXES = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_sum", "_count", "_created"], "gauge": [""]}
 

@@ -25,6 +25,7 @@ generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", MODEL
 request_success = Counter("vllm:request_success", "Requests that left the engine, by why they ended.", MODEL + ["finished_reason"])
 prefix_cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", MODEL)
 prefix_cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", MODEL)
+prefix_cache_bytes = Gauge("roundtrip_prefix_cache_bytes", "Keys and values the prefix cache holds (up to ROUNDTRIP_PREFIX_CACHE_BYTES).", MODEL)
 time_to_first_token = Histogram("vllm:time_to_first_token_seconds", "From arrival at the worker to the first token.", MODEL, buckets=_LATENCY)
 inter_token_latency = Histogram("vllm:inter_token_latency_seconds", "Between consecutive tokens of a request.", MODEL, buckets=_ITL)
 e2e_request_latency = Histogram("vllm:e2e_request_latency_seconds", "From arrival at the worker to the last token.", MODEL, buckets=_REQUEST)

@@ -397,6 +397,7 @@ class EngineRunner:
         metrics.num_requests_running.labels(model_id).set(stats.running)
         metrics.num_requests_waiting.labels(model_id).set(stats.waiting + served.pending)
         metrics.kv_cache_usage_perc.labels(model_id).set(stats.kv_usage)
+        metrics.prefix_cache_bytes.labels(model_id).set(stats.prefix_cache_bytes)
         queried, hit = served.prefix_seen
         metrics.prefix_cache_queries.labels(model_id).inc(stats.prefix_queried_tokens - queried)
         metrics.prefix_cache_hits.labels(model_id).inc(stats.prefix_hit_tokens - hit)
