@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ CLEAR_WIN = 1.3  # a second format must be this much faster on prompt-sized batc
 NEAR_TIE = 1.15  # a more compact decode format this close to the fastest wins (timings on a busy machine wobble more)
 COMPACT_FIRST = (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.BF16, WeightFormat.FP32)
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
+ROUNDS = 3  # the formats take turns this many times; each keeps its best
+TILED = "int4 compiled GEMM"  # int4 through the compiled GEMM, measured beside the formats
 
 Kernels = dict[int4_gemm.Shape, int4_gemm.Kernel]
 
@@ -139,14 +142,25 @@ def choose(
     if remembered is not None:
         return remembered, kernels if remembered.tiled_above else None
     report("measuring which weight format is fastest on this CPU")
+    quiet = _machine_is_quiet()
     timings, tiled = measure(config, kernels)
+    quiet = quiet and _machine_is_quiet()
     if plan is None:
         plan = decide(timings, tiled)
     elif tiled and plan.uses(WeightFormat.INT4):
         plan = WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _tiled_above(timings, tiled))
-    if memo is not None:
+    if memo is not None and quiet:
         _remember(memo, plan, timings, tiled)
+    elif memo is not None:
+        report("the CPU was busy with other work while measuring: this choice is not remembered, the next start measures again")
     return plan, kernels if plan.tiled_above else None
+
+
+def _machine_is_quiet() -> bool:
+    """Whether other work leaves this process the CPUs: a measurement taken beside a compiler or a benchmark
+    ranks the formats by who was interrupted, and must not be kept for every later start."""
+    cpus = os.cpu_count() or 1
+    return os.getloadavg()[0] <= cpus
 
 
 Timings = dict[WeightFormat, dict[int, float]]  # seconds for one sample of layers, by format and row count
@@ -154,26 +168,35 @@ Timings = dict[WeightFormat, dict[int, float]]  # seconds for one sample of laye
 
 def measure(config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int, ...] = ROWS) -> tuple[Timings, dict[int, float]]:
     """Time each format on a few layers' worth of matrices of this model's shapes, at each row count;
-    and int4 through the compiled GEMM (from 2 rows) when `kernels` are given."""
+    and int4 through the compiled GEMM (from 2 rows) when `kernels` are given.
+
+    The formats take turns over `ROUNDS` rounds and each keeps its best time, so a burst of other work on the
+    machine slows every format alike instead of deciding the ranking by when it happened to hit."""
     c = config
     generator = torch.Generator().manual_seed(0)
     dense = [torch.randn(s, generator=generator) * 0.02 for _ in range(min(SAMPLE_LAYERS, c.n_layers)) for s in model_shapes(c)[:4]]
-    timings: Timings = {}
-    tiled: dict[int, float] = {}
+    candidates: dict[WeightFormat | str, tuple[list[Projection], tuple[int, ...]]] = {}
     for fmt in WeightFormat:
         if fmt is WeightFormat.INT4 and not all(supports_int4(*d.shape) for d in dense):
             continue
         try:
-            projections = [build(fmt, d, tiled=kernels is not None) for d in dense]
+            candidates[fmt] = ([build(fmt, d, tiled=kernels is not None) for d in dense], rows)
         except RuntimeError:  # a kernel this build of torch lacks on this CPU
             continue
-        timings[fmt] = {n: _time(projections, torch.randn(n, c.dim), c) for n in rows}
         if fmt is WeightFormat.INT4 and kernels is not None:
-            for p in projections:
+            compiled = [build(fmt, d, tiled=True) for d in dense]
+            for p in compiled:
                 if isinstance(p, Int4) and (p.out_features, p.in_features) in kernels:
                     p.attach(kernels[(p.out_features, p.in_features)], 1, check=False)
-            tiled = {n: _time(projections, torch.randn(n, c.dim), c) for n in rows if n > 1}
-    return timings, tiled
+            candidates[TILED] = (compiled, tuple(n for n in rows if n > 1))
+    inputs = {n: torch.randn(n, c.dim) for n in rows}
+    best: dict[WeightFormat | str, dict[int, float]] = {key: {n: float("inf") for n in counts} for key, (_, counts) in candidates.items()}
+    for _ in range(ROUNDS):
+        for key, (projections, counts) in candidates.items():
+            for n in counts:
+                best[key][n] = min(best[key][n], _time(projections, inputs[n], c))
+    tiled = best.pop(TILED, {})
+    return {WeightFormat(k): v for k, v in best.items()}, tiled
 
 
 def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> float:
