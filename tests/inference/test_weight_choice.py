@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
-from inference.weight_choice import WeightPlan, decide, parse
+from inference import int4_gemm
+from inference.config import ModelConfig
+from inference.weight_choice import WeightPlan, choose, decide, parse
 from inference.weights import WeightFormat as F
 
 CPU = torch.device("cpu")
@@ -59,3 +64,21 @@ def test_it_refuses_settings_it_cannot_run(setting: str, message: str) -> None:
 def test_quantized_formats_are_refused_on_a_gpu() -> None:
     with pytest.raises(ValueError, match="run on the CPU"):
         parse("int4", torch.device("cuda"))
+
+
+def _tiny_config() -> ModelConfig:
+    return ModelConfig(architecture="llama", n_layers=1, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=64, context_length=64,
+                       rope_base=10000.0, rope_dim=16, norm_eps=1e-5)
+
+
+@pytest.mark.parametrize("load, remembered", [(0.5, True), (8.0, False)])
+def test_a_choice_measured_on_a_busy_cpu_is_not_remembered(load: float, remembered: bool, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(int4_gemm, "load", lambda *args: None)  # no compiled GEMM: the eager formats only
+    notes: list[str] = []
+    plan, _ = choose(_tiny_config(), CPU, "auto", tmp_path, notes.append)
+    assert plan.decode in F
+    assert bool(list(tmp_path.glob("weight-choice-*.json"))) is remembered
+    assert any("not remembered" in note for note in notes) is not remembered
