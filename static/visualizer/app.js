@@ -2,6 +2,7 @@
 import { el } from "./dom.js";
 import { Player } from "./player.js";
 import { drawRun, inspectionView, tokenDetail } from "./render.js";
+import { roving } from "./roving.js";
 import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
 
@@ -82,10 +83,16 @@ function addBubble(role, text) {
   return bubble;
 }
 
-// The answer as clickable tokens: each opens its full trace.
+// The answer as clickable tokens: each opens its full trace (Enter too; arrow keys walk them).
 function drawBubble(run) {
   if (!state.bubble || state.bubble.run !== run) return;
   const text = state.bubble.node.querySelector(".text");
+  appendTokens(run, text);
+  text.dataset.rove = ".tok";
+  roving(text);
+}
+
+function appendTokens(run, text) {
   for (let n = text.childElementCount + 1; n <= run.lastStep; n++) {
     const step = run.steps.get(n);
     if (step?.sampled?.is_stop) return; // the end-of-turn token has no text
@@ -169,13 +176,14 @@ function inspectToken(run, step, button) {
   if (!run.tokenized) return;
   const before = [];
   for (let n = 1; n < step; n++) before.push(run.steps.get(n).sampled.token_id);
-  state.inspecting = step;
+  state.inspecting = run; // the run whose token is recomputed: it labels the positions of the answer
   button.disabled = true;
   button.textContent = "Recomputing…";
   socket.send({ type: "inspect", model: run.request.model, ids: [...run.tokenized.ids, ...before], step });
 }
 
 function showInspection(frame) {
+  const run = state.inspecting;
   state.inspecting = null;
   const box = document.getElementById("inspection");
   const button = document.getElementById("inspect-token");
@@ -185,7 +193,7 @@ function showInspection(frame) {
     box.replaceChildren(el("p", { class: "error" }, frame.message));
     return;
   }
-  box.replaceChildren(inspectionView(frame.detail));
+  box.replaceChildren(inspectionView(frame.detail, run));
 }
 
 $("new-conversation").addEventListener("click", () => {

@@ -1,7 +1,9 @@
 // Plots, drawn with uPlot (static/vendor/uplot-1.6.32).
 import uPlot from "../vendor/uplot-1.6.32/uPlot.esm.js";
+import { NumbersTable } from "./numbers_table.js";
 
 // A line plot that fills its box; it resizes only when the box changed (a resize every token would re-layout the page).
+// Its numbers are also a table behind a toggle under the plot, for screen readers and for copying.
 class LinePlot {
   // yAxes: a label for the one y axis, or a list of {scale, label, side} for series on scales of their own.
   constructor(node, height, xLabel, yAxes, series) {
@@ -13,6 +15,9 @@ class LinePlot {
       [[], ...series.map(() => [])],
       node,
     );
+    this.headers = [xLabel, ...series.map((s) => s.label)];
+    this.table = new NumbersTable(`${this.headers.slice(1).join(", ")} by ${xLabel}`);
+    node.after(this.table.element);
   }
 
   width() {
@@ -23,6 +28,7 @@ class LinePlot {
     const w = this.width();
     if (this.plot.width !== w) this.plot.setSize({ width: w, height: this.height });
     this.plot.setData(data);
+    this.table.update(this.headers, data[0].map((x, i) => [x, ...data.slice(1).map((ys) => ys[i])]));
   }
 }
 

@@ -1,24 +1,30 @@
 // Draws every stage from a Run. Called on animation frames with the latest state.
 import { clock, el, field, hex, light, ms, visible } from "./dom.js";
-import { decodeAttention, drawLayer, drawOverview } from "./heatmap.js";
+import { drawHeads } from "./attention.js";
+import { AttentionView } from "./attention_view.js";
 import { ItlChart, NormChart, StepChart } from "./charts.js";
+import { copyIdsButton } from "./copy_ids.js";
+import { Heatmap } from "./heatmap.js";
+import { LoopStrip } from "./loop_strip.js";
+import { roving } from "./roving.js";
+import { SEGMENT_LABELS, tokenAt, tokenChip } from "./tokens.js";
 
-const SEGMENT_LABELS = { system: "system prompt", history: "earlier turns", message: "your message", markup: "template markup" };
 let itlChart = null;
 let normChart = null;
 let stepChart = null;
-const drawn = { run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false };
+// What this run has drawn so far; the widgets live in stage fields that resetStages empties, so they go with it.
+const fresh = () => ({ run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false, attention: null, loop: null });
+const drawn = fresh();
 
 export function resetStages() {
   document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active", "pulse"));
   document.querySelectorAll(".stage [data-field]").forEach((node) => {
     if (node.tagName === "METER") node.value = 0;
-    else if (node.tagName === "CANVAS") node.getContext("2d").clearRect(0, 0, node.width, node.height);
     else if (node.tagName !== "INPUT" && !node.classList.contains("chart")) node.replaceChildren();
   });
   document.querySelectorAll(".stage .clock").forEach((c) => (c.textContent = ""));
   document.querySelector('#stage-forward [data-box="full"]').hidden = true;
-  Object.assign(drawn, { run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false });
+  Object.assign(drawn, fresh());
 }
 
 export function drawRun(run) {
@@ -36,11 +42,13 @@ export function drawRun(run) {
   if (run.forwards.length !== drawn.forwards) drawForward(run);
   if (run.finished && run.context && !drawn.cacheFinal) {
     drawCache(run);
+    drawLoop(run); // says why the loop ended when max_tokens cut it
     drawn.cacheFinal = true;
   }
   if (run.lastStep !== drawn.step) {
     drawSampling(run);
     drawDetok(run);
+    drawLoop(run);
   }
   if (run.frames.length !== drawn.frames) drawStream(run);
   drawLatency(run);
@@ -95,17 +103,19 @@ function drawTokens(run) {
   if (chips.childElementCount) return;
   light("tokens");
   const message = run.context.segments.find((s) => s.kind === "message") ?? { token_start: 0, token_end: run.tokenized.ids.length };
-  const { ids, tokens } = run.tokenized;
+  const ids = run.tokenized.ids;
   for (let i = message.token_start; i < message.token_end; i++) {
-    const special = tokens[i].startsWith("<|") && tokens[i].endsWith("|>");
-    const bytes = Array.from(new TextEncoder().encode(tokens[i]));
-    chips.append(
-      el("span", { class: `chip c${i % 6}${special ? " special" : ""}`, title: `id ${ids[i]} · bytes ${hex(bytes)}`, "data-id": String(ids[i]) },
-        visible(tokens[i])),
-    );
+    const token = tokenAt(run, i);
+    const chip = tokenChip(token, { colour: `c${i % 6}` }); // neighbours in different colours: where one token ends
+    chip.title = `id ${token.id} · position ${i} · bytes ${hex(Array.from(new TextEncoder().encode(token.text)))}`;
+    chips.append(chip);
   }
+  roving(chips);
   const count = message.token_end - message.token_start;
-  field("tokens", "count").textContent = `${count} tokens in your message · ${ids.length} in the whole prompt`;
+  field("tokens", "count").replaceChildren(
+    document.createTextNode(`${count} tokens in your message · ${ids.length} in the whole prompt `),
+    copyIdsButton(ids.slice(message.token_start, message.token_end)),
+  );
   clock("tokens", ms(run.tokenized.duration * 1000));
 }
 
@@ -120,6 +130,9 @@ function drawContext(run) {
     block.append(el("span", {}, `${SEGMENT_LABELS[s.kind]} (${n})`));
     segments.append(block);
   }
+  const positions = field("context", "positions");
+  for (let p = 0; p < c.prompt_tokens; p++) positions.append(tokenChip(tokenAt(run, p), { position: true }));
+  roving(positions);
   const pct = (n) => (n / c.context_length) * 100;
   const fill = field("context", "fill");
   fill.replaceChildren(
@@ -182,19 +195,8 @@ function drawBatch(run, f) {
 
 function drawFull(run, detail) {
   document.querySelector('#stage-forward [data-box="full"]').hidden = false;
-  const attention = detail.attention;
-  const bytes = decodeAttention(attention);
-  const pick = field("forward", "layer-pick");
-  pick.max = String(attention.shape[0] - 1);
-  const groupSize = attention.shape[1] / (run.gateway?.kv_heads ?? 3);
-  const paint = () => {
-    const layer = Number(pick.value);
-    field("forward", "layer-label").textContent = `${layer} of ${attention.shape[0] - 1} · ${attention.shape[1]} heads over ${attention.shape[2]} positions`;
-    drawLayer(field("forward", "heatmap"), attention, bytes, layer, Number.isInteger(groupSize) ? groupSize : 3);
-  };
-  pick.oninput = paint;
-  paint();
-  drawOverview(field("forward", "overview"), attention);
+  drawn.attention ??= new AttentionView();
+  drawn.attention.update(run);
   normChart ??= new NormChart(field("forward", "norms"));
   normChart.update(detail.residual_norms);
   field("forward", "lens").replaceChildren(
@@ -227,6 +229,13 @@ function drawSampling(run) {
     (d.draw === null ? "greedy (temperature 0): the most likely token wins" : `random draw ${d.draw.toFixed(4)} among ${d.kept} kept tokens`) +
     ` · chose ${JSON.stringify(s.token)} (rank ${s.rank}, logprob ${s.logprob.toFixed(3)}) · end-of-turn probability ${(d.eos_prob * 100).toFixed(2)}%` +
     (d.grammar_cut ? ` · the grammar cut ${d.grammar_cut.toLocaleString()} tokens (mask ${ms(d.mask_seconds * 1000)})` : "");
+}
+
+function drawLoop(run) {
+  if (!run.lastSampled) return;
+  light("loop");
+  drawn.loop ??= new LoopStrip(field("loop", "strip"));
+  drawn.loop.update(run);
 }
 
 function drawStream(run) {
@@ -315,34 +324,34 @@ export function tokenDetail(run, stepNumber) {
     box.append(el("p", {}, s.detail.draw === null ? "greedy choice" : `draw ${s.detail.draw.toFixed(4)}`), list);
   }
   if (step.forward?.detail) {
-    const canvas = el("canvas", { width: 560, height: 160 });
     const attention = step.forward.detail.attention;
-    drawLayer(canvas, attention, decodeAttention(attention), attention.shape[0] - 1, 3);
-    box.append(el("p", { class: "muted" }, "last layer's attention for the pass that produced this token"), canvas);
+    const host = el("div");
+    box.append(el("p", { class: "muted" }, "last layer's attention for the pass that produced this token"), host);
+    drawHeads(new Heatmap(host, "last layer's attention, every head"), run, attention, attention.shape[0] - 1);
     box.append(el("p", {}, `logit lens, last layers: ${step.forward.detail.logit_lens.slice(-5).map((g) => visible(g.token)).join(" → ")}`));
   }
   if (step.text) box.append(el("p", {}, `released text ${JSON.stringify(step.text.text)}${step.text.pending_bytes.length ? `, waiting bytes ${hex(step.text.pending_bytes)}` : ""}`));
   return box;
 }
 
-// Recomputed full detail for one token: a layer picker over its attention, and the logit lens.
-export function inspectionView(detail) {
+// Recomputed full detail for one token of `run`: a layer picker over its attention, and the logit lens.
+export function inspectionView(detail, run) {
   const attention = detail.attention;
-  const bytes = decodeAttention(attention);
   const box = el("div", { class: "inspection" });
-  const canvas = el("canvas", { width: 560, height: 170, "data-field": "inspect-heatmap" });
+  const host = el("div", { class: "inspect-heatmap" });
   const label = el("span");
   const pick = el("input", { type: "range", min: 0, max: attention.shape[0] - 1, value: attention.shape[0] - 1 });
-  const paint = () => {
-    label.textContent = `layer ${pick.value} · ${attention.shape[1]} heads over ${attention.shape[2]} of ${attention.kv_length} positions`;
-    drawLayer(canvas, attention, bytes, Number(pick.value), 3);
-  };
-  pick.addEventListener("input", paint);
   const picker = el("label", {}, "Layer ");
   picker.append(pick, label);
   const lens = el("ol", { class: "lens" });
   detail.logit_lens.forEach((g) => lens.append(el("li", { title: `after layer ${g.layer}` }, `${g.layer}: ${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)));
-  box.append(picker, canvas, el("p", { class: "muted" }, "logit lens, layer by layer"), lens);
+  box.append(picker, host, el("p", { class: "muted" }, "logit lens, layer by layer"), lens);
+  const heatmap = new Heatmap(host, "attention of every head for this token");
+  const paint = () => {
+    label.textContent = `layer ${pick.value} · ${attention.shape[1]} heads over ${attention.shape[2]} of ${attention.kv_length} positions`;
+    drawHeads(heatmap, run, attention, Number(pick.value));
+  };
+  pick.addEventListener("input", paint);
   paint();
   return box;
 }

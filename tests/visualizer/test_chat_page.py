@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +132,127 @@ def test_markup_in_a_message_shows_literally(page: Any) -> None:
     wait_done(page)
     assert page.inner_text(".bubble.user .text") == "<img src=x onerror=alert(1)>"
     assert page.locator(".bubbles img, .pipeline img").count() == 0 and dialogs == []
-    assert "<img·src=x·onerror=alert(1)>".replace("·", "") in page.inner_text("#stage-tokens .chips").replace("·", "").replace("\n", "")
+    shown = "".join(page.locator("#stage-tokens .chip .tok-text").all_inner_texts())
+    assert "<img·src=x·onerror=alert(1)>".replace("·", "") in shown.replace("·", "")
+
+
+def exported(page: Any, tmp_path: Path) -> dict[str, Any]:
+    """The run the page recorded, through its own export button: the trace as the page received it."""
+    page.click("#recording summary")
+    with page.expect_download() as download:
+        page.click("#export-run")
+    path = tmp_path / "run.json"
+    download.value.save_as(path)
+    recorded: dict[str, Any] = json.loads(path.read_text())
+    return recorded
+
+
+def trace_events(recorded: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [f["frame"]["event"] for f in recorded["frames"] if f["frame"]["type"] == "trace" and f["frame"]["event"]["event"] == kind]
+
+
+def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any, tmp_path: Path, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?", level="full")
+    wait_done(page)
+    forward = "#stage-forward"
+    page.locator(f'{forward} [data-field="layer-pick"]').fill("29")
+    heads = f'{forward} [data-field="heads"]'
+    columns = page.locator(f"{heads} .hm-col").all_inner_texts()
+    assert len(columns) == 35 and columns[17] == "·capital" and columns[19] == "·India" and columns[34] == "."
+    assert page.locator(f"{heads} .hm-row").all_inner_texts() == [f"head {h}" for h in range(9)]
+    assert "seg-message" in page.locator(f"{heads} .hm-col").nth(19).get_attribute("class")
+    assert "seg-system" in page.locator(f"{heads} .hm-col").nth(4).get_attribute("class")
+    assert "seg-answer" in page.locator(f"{heads} .hm-col").nth(30).get_attribute("class")
+
+    # hovering a cell names its token, position and the weight the trace carries
+    recorded = exported(page, tmp_path)
+    last = [f for f in trace_events(recorded, "forward") if f["detail"]][-1]["detail"]["attention"]
+    layers, n_heads, positions = last["shape"]
+    raw = base64.b64decode(last["data"])
+    weight = raw[(29 * n_heads + 2) * positions + 19] / 255 * last["row_max"][29][2]
+    canvas = page.locator(f"{heads} canvas")
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + (19.5 / positions) * box["width"], box["y"] + (2.5 / n_heads) * box["height"])
+    tip = page.inner_text(f"{heads} .hm-tip")
+    assert "head 2" in tip and "·India (position 19, your message, id 3089)" in tip and f"weight {weight:.4f}" in tip
+    # the same numbers as a table: a row per key token, a column per head
+    page.click(f"{heads} details.numbers summary")
+    row = page.locator(f"{heads} details.numbers tbody tr").nth(19).locator("td").all_inner_texts()
+    assert len(row) == 9 and abs(float(row[2]) - weight) < 5e-5
+
+    # the head view: one line per key for the chosen head, a line per key and head for its key/value group
+    page.select_option(f'{forward} [data-field="head-pick"]', "4")
+    lines = page.locator(f'{forward} [data-field="head-view"] line')
+    assert lines.count() == 35 and set(lines.evaluate_all("ls => ls.map(l => l.dataset.head)")) == {"4"}
+    page.check(f'{forward} [data-field="group-pick"]')
+    assert lines.count() == 3 * 35 and set(lines.evaluate_all("ls => ls.map(l => l.dataset.head)")) == {"3", "4", "5"}
+    screenshot(page.locator(forward), "attention-labelled")
+
+    # the token × token matrix of the chosen head: a row per token fed (the prompt's last, then the answer's)
+    rows = page.locator(f'{forward} [data-field="matrix"] .hm-row').all_inner_texts()
+    assert rows == ["↵", "The", "·capital", "·of", "·India", "·is", "·New", "·Delhi", "."]
+    # another query, picked on the head view's left side: the views follow it
+    page.locator(f'{forward} [data-field="head-view"] .hv-queries [data-pick="30"]').click()
+    assert "query ·India at position 30" in page.inner_text(f'{forward} [data-field="layer-label"]')
+    assert page.locator(f"{heads} .hm-col").count() == 31
+
+
+def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(page: Any, tmp_path: Path, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?")
+    wait_done(page)
+    rows = page.locator("#stage-loop .loop-strip li")
+    assert rows.count() == 9  # 8 tokens of text, then the end-of-sequence token
+    sampled = trace_events(exported(page, tmp_path), "sampled")
+    assert rows.locator(".loop-n").all_inner_texts() == [f"step {n}" for n in range(1, 10)]
+    assert rows.nth(4).locator(".loop-in").inner_text() == "[27 prompt tokens] + The·capital·of·India"
+    assert rows.nth(4).locator(".loop-out").inner_text() == "·is"
+    assert [rows.nth(n).locator(".loop-kv-n").inner_text() for n in range(9)] == [f"KV {27 + n}" for n in range(9)]
+    last = rows.nth(8)
+    assert "eos" in last.get_attribute("class") and last.locator(".loop-out").inner_text() == "<|im_end|> (end of sequence)"
+    assert sampled[-1]["is_stop"] and last.locator(".loop-p").inner_text() == f"{math.exp(sampled[-1]['logprob']) * 100:.1f}%"
+    screenshot(page.locator("#stage-loop"), "loop-strip")
+
+    # the context stage: every prompt token with its position, as text
+    chips = page.locator('#stage-context [data-field="positions"] .chip')
+    assert chips.count() == 27
+    assert chips.nth(19).inner_text().split() == ["19", "·India", "3089"] and "seg-message" in chips.nth(19).get_attribute("class")
+    assert chips.nth(26).locator(".tok-pos").inner_text() == "26"
+    screenshot(page.locator("#stage-context"), "context-positions")
+
+
+def test_every_number_is_text_and_the_keyboard_reaches_tokens_and_stages(page: Any, daphne_server: Any) -> None:
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=daphne_server.url)
+    ask(page, "What's the capital of India?")
+    wait_done(page)
+    # token ids are text: selectable, copyable, read aloud
+    chips = page.inner_text('#stage-tokens [data-field="chips"]')
+    assert all(str(i) in chips for i in [1780, 506, 260, 3575, 282, 3089, 47])
+    page.click("#stage-tokens .copy-ids-button")
+    assert page.input_value("#stage-tokens .copy-ids-text") == "[1780, 506, 260, 3575, 282, 3089, 47]"
+    page.locator("#stage-tokens .copy-ids-button", has_text="ids copied").wait_for(timeout=5000)
+    assert page.evaluate("navigator.clipboard.readText()") == "[1780, 506, 260, 3575, 282, 3089, 47]"
+    # a chart's numbers behind its toggle
+    itl = page.locator("#stage-stream details.numbers")
+    itl.locator("summary").click()
+    assert itl.locator("thead th").all_inner_texts() == ["token", "browser", "server"]
+    assert itl.locator("tbody tr").count() >= 7 and itl.locator("tbody td").first.inner_text().replace(".", "").isdigit()
+    # arrow keys: between token chips, between stages, along the answer (Enter opens a token)
+    page.locator("#stage-tokens .chip").first.focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("document.activeElement.querySelector('.tok-id').textContent") == "260"
+    page.keyboard.press("End")
+    assert page.evaluate("document.activeElement.dataset.id") == "47"
+    page.locator("#stage-request").focus()
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowDown")
+    assert page.evaluate("document.activeElement.id") == "stage-tokens"
+    page.locator(".bubble.assistant .tok").first.focus()
+    for _ in range(5):
+        page.keyboard.press("ArrowRight")
+    page.keyboard.press("Enter")
+    assert "Token 6" in page.inner_text("#token-detail")
 
 
 def test_a_turn_is_kept_in_the_conversation_list_and_its_history_goes_back_in(page: Any) -> None:

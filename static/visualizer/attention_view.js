@@ -1,0 +1,120 @@
+// The forward stage's attention at `full` level, for a chosen layer, head and query token: every head of the layer
+// as a labelled heatmap, the head view (bertviz-like lines), the token × token matrix of the chosen head (one row
+// per token the run fed: the prompt's last token, then each answer token; the trace has no rows for the other
+// prompt tokens), and the layer × head overview. Built from the run's forward events only, so replay shows it too.
+import { el, field } from "./dom.js";
+import { attentionCell, drawHeads, groupSize, headLabel, positionLabel, queryPosition } from "./attention.js";
+import { HeadView } from "./head_view.js";
+import { Heatmap } from "./heatmap.js";
+
+export class AttentionView {
+  constructor() {
+    this.run = null;
+    this.rows = []; // the forwards that carry attention, in order: one query token each
+    this.query = null; // the picked query's position; null follows the newest token
+    this.heads = new Heatmap(field("forward", "heads"), "attention of every head of the layer for the query token");
+    this.headView = new HeadView(field("forward", "head-view"), (position) => this.pickQuery(position));
+    this.matrix = new Heatmap(field("forward", "matrix"), "attention of the chosen head, query token by key token",
+      (r) => this.pickQuery(queryPosition(this.rows[r])));
+    this.overview = new Heatmap(field("forward", "overview"), "largest attention weight of every head in every layer", (h, layer) => {
+      field("forward", "layer-pick").value = String(layer);
+      field("forward", "head-pick").value = String(h);
+      this.paint();
+    });
+    for (const name of ["layer-pick", "head-pick", "group-pick"]) field("forward", name).oninput = () => this.paint();
+    field("forward", "query-pick").onchange = (event) => this.pickQuery(event.target.value === "" ? null : Number(event.target.value));
+  }
+
+  update(run) {
+    this.run = run;
+    this.rows = run.forwards.filter((f) => f.detail);
+    const [layers, heads] = this.rows[this.rows.length - 1].detail.attention.shape;
+    field("forward", "layer-pick").max = String(layers - 1);
+    const headPick = field("forward", "head-pick");
+    if (headPick.options.length !== heads) {
+      const group = groupSize(run, heads);
+      headPick.replaceChildren(...Array.from({ length: heads }, (_, h) => el("option", { value: String(h) }, headLabel(h, group).title)));
+    }
+    const queryPick = field("forward", "query-pick");
+    queryPick.replaceChildren(
+      el("option", { value: "" }, "the newest token (follows the answer)"),
+      ...this.rows.map((f) => {
+        const p = queryPosition(f);
+        return el("option", { value: String(p) }, `${positionLabel(run, p).label} · position ${p}`);
+      }),
+    );
+    queryPick.value = this.query === null ? "" : String(this.query);
+    this.paint();
+  }
+
+  pickQuery(position) {
+    this.query = position;
+    field("forward", "query-pick").value = position === null ? "" : String(position);
+    this.paint();
+  }
+
+  selected() {
+    return this.rows.find((f) => queryPosition(f) === this.query) ?? this.rows[this.rows.length - 1];
+  }
+
+  paint() {
+    const run = this.run;
+    const forward = this.selected();
+    const attention = forward.detail.attention;
+    const [layers, heads] = attention.shape;
+    const layer = Math.min(Number(field("forward", "layer-pick").value), layers - 1);
+    const head = Math.min(Number(field("forward", "head-pick").value), heads - 1);
+    const group = groupSize(run, heads);
+    const query = positionLabel(run, queryPosition(forward));
+    field("forward", "layer-label").textContent =
+      `${layer} of ${layers - 1} · ${heads} heads over ${attention.shape[2]} positions · query ${query.label} at position ${query.position}`;
+    drawHeads(this.heads, run, attention, layer);
+    const shown = field("forward", "group-pick").checked ? Array.from({ length: group }, (_, k) => Math.floor(head / group) * group + k) : [head];
+    this.headView.draw({
+      tokens: attention.positions.map((p) => positionLabel(run, p)),
+      query: attention.positions.indexOf(query.position),
+      heads: shown.map((h) => ({ head: h, weights: attention.positions.map((_, i) => attentionCell(attention, layer, h, i).weight) })),
+      pickable: new Set(this.rows.map(queryPosition)),
+    });
+    this.drawMatrix(layer, head);
+    this.drawOverview(attention);
+  }
+
+  // The chosen head across the run: rows are query tokens, columns every position any of them saw.
+  drawMatrix(layer, head) {
+    const run = this.run;
+    const positions = [...new Set(this.rows.flatMap((f) => f.detail.attention.positions))].sort((a, b) => a - b);
+    const index = this.rows.map((f) => new Map(f.detail.attention.positions.map((p, i) => [p, i])));
+    const rows = this.rows.map((f) => positionLabel(run, queryPosition(f)));
+    const cols = positions.map((p) => positionLabel(run, p));
+    this.matrix.draw({
+      rows,
+      cols,
+      cell: (r, c) => {
+        const i = index[r].get(positions[c]);
+        return i === undefined ? null : attentionCell(this.rows[r].detail.attention, layer, head, i);
+      },
+      describe: (r, c, cell) => `layer ${layer}, head ${head}: ${rows[r].title} → ${cols[c].title}: ` +
+        (cell ? `weight ${cell.weight.toFixed(4)}` : "not attended (a later position, or outside the positions sent)"),
+      corner: "key token \\ query token",
+    });
+  }
+
+  drawOverview(attention) {
+    const run = this.run;
+    const [layers, heads, positions] = attention.shape;
+    const group = groupSize(run, heads);
+    // the position each head weighs most: its 8-bit row reaches 255 there
+    const strongest = (layer, h) => {
+      for (let i = 0; i < positions; i++) if (attentionCell(attention, layer, h, i).shade === 1) return positionLabel(run, attention.positions[i]);
+      return null;
+    };
+    this.overview.draw({
+      rows: Array.from({ length: heads }, (_, h) => headLabel(h, group)),
+      cols: Array.from({ length: layers }, (_, l) => ({ label: String(l), title: `layer ${l}` })),
+      cell: (h, l) => ({ shade: Math.min(1, attention.row_max[l][h]), weight: attention.row_max[l][h] }),
+      describe: (h, l, cell) => `layer ${l}, head ${h}: largest weight ${cell.weight.toFixed(4)}, on ${strongest(l, h)?.title ?? "?"}`,
+      corner: "layer",
+    });
+  }
+}

@@ -1,0 +1,36 @@
+// The tokens of a run by position: the prompt's from the tokenized event, the answer's from the sampled events,
+// each with the context segment it sits in. Every view that names a position (chips, heatmap labels, the head
+// view, the loop strip) asks here, so a position reads and is coloured the same way everywhere.
+import { el, visible } from "./dom.js";
+
+export const SEGMENT_LABELS = { system: "system prompt", history: "earlier turns", message: "your message", markup: "template markup", answer: "the answer" };
+
+// {position, id, text, kind} for a position of this run, or null when the trace has not said yet.
+export function tokenAt(run, position) {
+  const prompt = run?.tokenized;
+  if (!prompt) return null;
+  if (position < prompt.ids.length) {
+    const segment = run.context?.segments.find((s) => position >= s.token_start && position < s.token_end);
+    return { position, id: prompt.ids[position], text: prompt.tokens[position], kind: segment?.kind ?? "markup" };
+  }
+  const sampled = run.steps.get(position - prompt.ids.length + 1)?.sampled;
+  return sampled ? { position, id: sampled.token_id, text: sampled.token, kind: "answer" } : null;
+}
+
+export function isSpecial(text) {
+  return text.startsWith("<|") && text.endsWith("|>");
+}
+
+// "·India (position 19, your message, id 3089)": what a label's tooltip and a screen reader say about a position.
+export function describeToken(token) {
+  return `${visible(token.text)} (position ${token.position}, ${SEGMENT_LABELS[token.kind]}, id ${token.id})`;
+}
+
+// A chip whose text, id and (optionally) position are real text: selectable, copyable, read aloud.
+export function tokenChip(token, { position = false, colour = `seg-${token.kind}` } = {}) {
+  const chip = el("span", { class: `chip ${colour}${isSpecial(token.text) ? " special" : ""}`, "data-id": String(token.id), "data-position": String(token.position) });
+  // real spaces between the parts, so that copied or spoken text reads "19 ·India 3089" (the token's own spaces show as ·)
+  if (position) chip.append(el("span", { class: "tok-pos", title: "position" }, String(token.position)), " ");
+  chip.append(el("span", { class: "tok-text" }, visible(token.text)), " ", el("span", { class: "tok-id", title: "token id" }, String(token.id)));
+  return chip;
+}
