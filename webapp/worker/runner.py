@@ -30,6 +30,7 @@ from inference.tokenizer import BPETokenizer
 from inference.trace import Sampled, TraceLevel
 from inference.trace_json import detail_to_dict, event_to_dict
 from webapp.metrics import metrics
+from webapp.worker.memory import return_free_memory
 from webapp.worker.protocol import (
     Accepted,
     DetokenizeRequest,
@@ -230,8 +231,12 @@ class EngineRunner:
         self._run()
 
     def _run(self) -> None:
+        was_busy = False
         while not self._stopping:
             busy = any(s.scheduler.has_work for s in self.models.values())
+            if was_busy and not busy:  # the last request left: give the burst's memory back
+                return_free_memory()
+            was_busy = busy
             self._handle_commands(block=not busy)
             for model_id, served in self.models.items():
                 if self._stopping:
