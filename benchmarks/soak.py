@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--max-warmup", type=float, default=10.0, help="minutes of load at most before the measured part")
     args = parser.parse_args()
 
-    from servers import server_env, wait_ready  # type: ignore[import-not-found]
+    from servers import server_env, wait_ready
     from tiny_gguf import write_tiny_gguf  # type: ignore[import-not-found]
 
     work = Path(tempfile.mkdtemp(prefix="roundtrip-soak-"))
