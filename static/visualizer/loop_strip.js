@@ -4,8 +4,6 @@
 import { el, visible } from "./dom.js";
 import { roving } from "./roving.js";
 
-const INPUT_CHARS = 44; // the tail of the input that fits a row; the whole input is in the row's tooltip
-
 export class LoopStrip {
   constructor(host) {
     this.list = el("ol", { class: "loop-strip", "data-rove": "li" });
@@ -32,14 +30,17 @@ export class LoopStrip {
 
   row(n, step, prompt, room) {
     const s = step.sampled;
-    const input = `[${prompt} prompt tokens]${this.answer ? ` + ${this.answer}` : ""}`;
-    const shown = this.answer.length > INPUT_CHARS ? `[${prompt} prompt tokens] + …${this.answer.slice(-INPUT_CHARS)}` : input;
+    const input = el("span", { class: "loop-in", title: `[${prompt} prompt tokens]${this.answer ? ` + ${this.answer}` : ""}` });
+    // the answer so far is clipped on its left, so the tokens just fed back stay in view
+    const answer = el("span", { class: "loop-answer" });
+    answer.append(el("span", {}, this.answer));
+    input.append(el("span", { class: "loop-prompt" }, `[${prompt} prompt tokens]${this.answer ? " + " : ""}`), answer);
     const p = `${(Math.exp(s.logprob) * 100).toFixed(1)}%`;
     const kv = step.forward?.kv_length;
     const li = el("li", { class: s.is_stop ? "eos" : "", "data-step": String(n) });
     li.append(
       el("span", { class: "loop-n" }, `step ${n}`),
-      el("span", { class: "loop-in", title: input }, shown),
+      input,
       el("span", { class: "loop-arrow", title: "predicts" }, "→"),
       el("span", { class: "loop-out" }, s.is_stop ? `${s.token} (end of sequence)` : visible(s.token)),
       el("span", { class: "loop-p", title: "the model's probability for this token" }, p),

@@ -21,9 +21,10 @@ export function isSpecial(text) {
   return text.startsWith("<|") && text.endsWith("|>");
 }
 
-// "·India (position 19, your message, id 3089)": what a label's tooltip and a screen reader say about a position.
+// "“·India” (position 19, your message, id 3089)": what a label's tooltip and a screen reader say about a position
+// (quoted: a token may be just "." or "↵").
 export function describeToken(token) {
-  return `${visible(token.text)} (position ${token.position}, ${SEGMENT_LABELS[token.kind]}, id ${token.id})`;
+  return `“${visible(token.text)}” (position ${token.position}, ${SEGMENT_LABELS[token.kind]}, id ${token.id})`;
 }
 
 // A chip whose text, id and (optionally) position are real text: selectable, copyable, read aloud.

@@ -175,7 +175,7 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any,
     box = canvas.bounding_box()
     page.mouse.move(box["x"] + (19.5 / positions) * box["width"], box["y"] + (2.5 / n_heads) * box["height"])
     tip = page.inner_text(f"{heads} .hm-tip")
-    assert "head 2" in tip and "·India (position 19, your message, id 3089)" in tip and f"weight {weight:.4f}" in tip
+    assert "head 2" in tip and "“·India” (position 19, your message, id 3089)" in tip and f"weight {weight:.4f}" in tip
     # the same numbers as a table: a row per key token, a column per head
     page.click(f"{heads} details.numbers summary")
     row = page.locator(f"{heads} details.numbers tbody tr").nth(19).locator("td").all_inner_texts()
@@ -194,7 +194,7 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any,
     assert rows == ["↵", "The", "·capital", "·of", "·India", "·is", "·New", "·Delhi", "."]
     # another query, picked on the head view's left side: the views follow it
     page.locator(f'{forward} [data-field="head-view"] .hv-queries [data-pick="30"]').click()
-    assert "query ·India at position 30" in page.inner_text(f'{forward} [data-field="layer-label"]')
+    assert "query “·India” at position 30" in page.inner_text(f'{forward} [data-field="layer-label"]')
     assert page.locator(f"{heads} .hm-col").count() == 31
 
 
@@ -205,7 +205,9 @@ def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(pa
     assert rows.count() == 9  # 8 tokens of text, then the end-of-sequence token
     sampled = trace_events(exported(page, tmp_path), "sampled")
     assert rows.locator(".loop-n").all_inner_texts() == [f"step {n}" for n in range(1, 10)]
-    assert rows.nth(4).locator(".loop-in").inner_text() == "[27 prompt tokens] + The·capital·of·India"
+    assert rows.nth(4).locator(".loop-prompt").inner_text() == "[27 prompt tokens] + "
+    assert rows.nth(4).locator(".loop-answer").inner_text() == "The·capital·of·India"
+    assert rows.nth(8).locator(".loop-answer").inner_text() == "The·capital·of·India·is·New·Delhi."
     assert rows.nth(4).locator(".loop-out").inner_text() == "·is"
     assert [rows.nth(n).locator(".loop-kv-n").inner_text() for n in range(9)] == [f"KV {27 + n}" for n in range(9)]
     last = rows.nth(8)
