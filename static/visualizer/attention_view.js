@@ -67,7 +67,7 @@ export class AttentionView {
     const group = groupSize(run, heads);
     const query = positionLabel(run, queryPosition(forward));
     field("forward", "layer-label").textContent =
-      `${layer} of ${layers - 1} · ${heads} heads over ${attention.shape[2]} positions · query “${query.label}” at position ${query.position}`;
+      `layer ${layer} of ${layers - 1} · ${heads} heads over ${attention.shape[2]} positions · query “${query.label}” at position ${query.position}`;
     drawHeads(this.heads, run, attention, layer);
     const shown = field("forward", "group-pick").checked ? Array.from({ length: group }, (_, k) => Math.floor(head / group) * group + k) : [head];
     this.headView.draw({

@@ -275,9 +275,10 @@ def test_a_turn_is_kept_in_the_conversation_list_and_its_history_goes_back_in(pa
 
 def test_it_works_at_phone_width(page: Any, screenshot: Any) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
-    ask(page, "What's the capital of India?")
+    ask(page, "What's the capital of India?", level="full")  # full: the attention views must fit too
     wait_done(page)
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    screenshot(page.locator("#stage-forward"), "phone-forward")
     screenshot(page, "phone")
 
 
