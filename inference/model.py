@@ -32,6 +32,12 @@ class ForwardProbe(Protocol):
     def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
         """The token's queries [H, hd] and every key it may see [KV, S, hd]."""
 
+    def on_mid_residual(self, layer: int, h: Tensor) -> None:
+        """The residual stream [dim] between `layer`'s two halves: after its attention update, before its feed-forward."""
+
+    def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
+        """The token's SwiGLU gate and up projections [ffn] each (silu(gate) * up reaches the down projection)."""
+
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / rms(x) * weight, in one fused op (which accumulates in float32 for bfloat16 inputs)."""
@@ -85,7 +91,9 @@ class Block(nn.Module):
     def forward(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
         eps = self.config.norm_eps
         h = x + self.attention(rms_norm(x, self.attn_norm, eps), plan, cache, layer, probes)
-        return h + self.feed_forward(rms_norm(h, self.ffn_norm, eps))
+        for token, probe in probes.items():
+            probe.on_mid_residual(layer, h[token])
+        return h + self.feed_forward(rms_norm(h, self.ffn_norm, eps), layer, probes)
 
     def attention(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
@@ -104,9 +112,11 @@ class Block(nn.Module):
             _attend_group(q, cache, layer, group, out, c.kv_group_size)
         return self.attn_output(out.view(N, c.n_heads * c.head_dim))  # [N, dim]
 
-    def feed_forward(self, x: Tensor) -> Tensor:
+    def feed_forward(self, x: Tensor, layer: int, probes: Probes) -> Tensor:
         """SwiGLU: down(silu(gate(x)) * up(x))."""
         gate, up = self.ffn_gate_up(x).chunk(2, dim=-1)  # [N, ffn] each
+        for token, probe in probes.items():
+            probe.on_feed_forward(layer, gate[token], up[token])
         return self.ffn_down(F.silu(gate) * up)
 
 

@@ -124,7 +124,7 @@ class ChatPipeline:
         prompt = request.prompt
         context = ContextBuilt(
             time.perf_counter(), prompt.segments, len(prompt.ids), request.params.max_tokens,
-            self.loaded.config.context_length, request.dropped_messages,
+            self.loaded.config.context_length, request.dropped_messages, self.loaded.config.rope_base, self.loaded.config.rope_dim,
         )
         return SequenceRequest(request_id, list(prompt.ids), request.params, level, step_mode, request.received_at,
                                request.tokenize_seconds, context, request.grammar)

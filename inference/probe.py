@@ -1,9 +1,11 @@
 """The `full`-level look inside a forward pass, for one token of one sequence.
 
-The model hands this probe the token's residual stream and attention inputs (its own
-row only, whoever else is in the batch); the probe computes attention weights, residual
-norms and the logit lens itself, so the model's forward stays the plain computation
-when no probe is given.
+The model hands this probe the token's residual stream (entering each layer and between
+each layer's two halves), its attention inputs and its feed-forward gate and up
+projections (its own row only, whoever else is in the batch); the probe computes
+attention weights, the size of each half's update, the most active feed-forward neurons
+and the logit lens itself, so the model's forward stays the plain computation when no
+probe is given.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from inference.model import Transformer
-from inference.trace import LayerDetail
+from inference.trace import LayerDetail, LensGuess, Neuron
 
 
 LIVE_LENS_LAYERS = 10  # logit-lens rows computed while generating; each costs a pass through the 49k-token head
+TOP_NEURONS = 8  # feed-forward neurons reported per layer
 
 
 def lens_layers(n_layers: int, count: int | None = LIVE_LENS_LAYERS) -> list[int]:
@@ -33,10 +37,15 @@ class LayerProbe:
     def __init__(self, lens: list[int] | None = None) -> None:
         self.lens = lens
         self._residuals: list[Tensor] = []
+        self._mid: list[Tensor] = []
         self._attention: list[Tensor] = []
+        self._neurons: list[list[Neuron]] = []
 
     def on_residual(self, layer: int, h: Tensor) -> None:
         self._residuals.append(h.float())  # [dim]
+
+    def on_mid_residual(self, layer: int, h: Tensor) -> None:
+        self._mid.append(h.float())  # [dim]
 
     def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
         """Recompute the token's attention weights over every position it sees: q [H, hd], k [KV, S, hd]."""
@@ -45,15 +54,31 @@ class LayerProbe:
         scores = torch.bmm(grouped, k.float().transpose(1, 2)).flatten(0, 1) / math.sqrt(hd)  # [H, S]
         self._attention.append(torch.softmax(scores, dim=-1))
 
+    def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
+        """Keep the neurons that send the most into the down projection: largest |silu(gate) * up|."""
+        gate, up = gate.float(), up.float()
+        opened = F.silu(gate)  # [ffn]: how far each neuron's gate lets its up value through
+        activation = opened * up
+        top = activation.abs().topk(min(TOP_NEURONS, activation.shape[0])).indices.tolist()
+        values = torch.stack([opened, up, activation])[:, top].T.tolist()  # [k, 3]
+        self._neurons.append([Neuron(i, g, u, a) for i, (g, u, a) in zip(top, values)])
+
     def detail(self, model: Transformer) -> LayerDetail:
-        """Assemble the recorded tensors; the logit lens reads each layer's output through the final norm and head."""
+        """Assemble the recorded tensors; the logit lens reads each chosen layer's stream, after its attention half and
+        after the whole layer, through the final norm and head (in one pass)."""
         stream = torch.stack(self._residuals)  # [L + 1, dim]
+        mid = torch.stack(self._mid)  # [L, dim]
         layers = self.lens if self.lens is not None else lens_layers(model.config.n_layers)
-        logits = model.logits(stream[1:][layers], refine=False)  # [len(layers), V] from those layers' outputs
+        logits = model.logits(torch.cat([mid[layers], stream[1:][layers]]), refine=False)  # [2 * len(layers), V]
         best_logit, best_id = logits.max(dim=-1)
         best_p = (best_logit - torch.logsumexp(logits, dim=-1)).exp()
+        guesses = [LensGuess(layer, i, p) for layer, i, p in zip(layers * 2, best_id.tolist(), best_p.tolist())]
         return LayerDetail(
             attention=torch.stack(self._attention).to(torch.float16).cpu().numpy(),  # [L, H, S]
             residual_norms=stream.norm(dim=-1).tolist(),
-            logit_lens=list(zip(layers, best_id.tolist(), best_p.tolist())),
+            logit_lens=guesses[len(layers) :],
+            attention_update_norms=(mid - stream[:-1]).norm(dim=-1).tolist(),
+            feed_forward_update_norms=(stream[1:] - mid).norm(dim=-1).tolist(),
+            logit_lens_after_attention=guesses[: len(layers)],
+            top_neurons=self._neurons,
         )

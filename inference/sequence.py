@@ -105,8 +105,7 @@ class SequenceState:
         context = self.request.context
         if not self.traced or context is None:
             return []
-        return [ContextBuilt(now, context.segments, context.prompt_tokens, context.max_tokens, context.context_length,
-                             context.dropped_messages, cached_tokens)]
+        return [dataclasses.replace(context, t=now, cached_tokens=cached_tokens)]
 
     def next_tokens(self, budget: int) -> list[int]:
         """The tokens to feed in the next forward: up to `budget` of the prompt, or the last generated token."""

@@ -73,7 +73,29 @@ class ContextBuilt:
     max_tokens: int
     context_length: int
     dropped_messages: int  # earlier turns left out to fit (only when the request allowed it)
+    rope_base: float  # the model's rotary position embedding: dimension pair i of a query or key at position p
+    rope_dim: int  # is rotated by the angle p * rope_base ** (-2i / rope_dim); rope_dim dimensions of each head rotate
     cached_tokens: int = 0  # positions 0..cached_tokens-1 came from the prefix cache, not a forward pass
+
+
+@dataclass(frozen=True)
+class LensGuess:
+    """The logit lens at one point of the residual stream: its top token read through the final norm and head."""
+
+    layer: int
+    token_id: int
+    prob: float
+
+
+@dataclass(frozen=True)
+class Neuron:
+    """One feed-forward (SwiGLU) neuron for one token: silu(gate) says how far the gate opened, `up` what it lets
+    through; their product `activation` is what the down projection receives from this neuron."""
+
+    index: int
+    gate: float  # silu(gate projection)
+    up: float
+    activation: float  # gate * up
 
 
 @dataclass(frozen=True)
@@ -82,13 +104,21 @@ class LayerDetail:
 
     attention: [layers, heads, kv_len] float16 weights of the newest query over every cached position;
     residual_norms: L2 norm of the residual stream entering each layer, then after the last one;
-    logit_lens: (layer, token id, probability) of the top guess read through the final norm and head, for the
-    layers looked at (live: a few evenly spaced ones and the last; recomputed on demand: every layer).
+    logit_lens: the top guess after each layer looked at (live: a few evenly spaced ones and the last;
+    recomputed on demand: every layer); logit_lens_after_attention: the same layers' guesses halfway, after
+    the attention half and before the feed-forward half.
+    attention_update_norms / feed_forward_update_norms: per layer, the L2 norm of what each half added to the
+    residual stream (a layer is h -> h + attention(h) = m -> m + feed_forward(m));
+    top_neurons: per layer, the feed-forward neurons with the largest |activation|, largest first.
     """
 
     attention: np.ndarray
     residual_norms: list[float]
-    logit_lens: list[tuple[int, int, float]]
+    logit_lens: list[LensGuess]
+    attention_update_norms: list[float]
+    feed_forward_update_norms: list[float]
+    logit_lens_after_attention: list[LensGuess]
+    top_neurons: list[list[Neuron]]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ import numpy as np
 
 from inference.plain import to_plain
 from inference.tokenizer import BPETokenizer
-from inference.trace import BatchStep, ContextBuilt, Finished, ForwardStep, LayerDetail, Sampled, TextDelta, Tokenized, TraceEvent
+from inference.trace import (
+    BatchStep, ContextBuilt, Finished, ForwardStep, LayerDetail, LensGuess, Sampled, TextDelta, Tokenized, TraceEvent,
+)
 
 # Full-level attention travels as 8-bit rows (each scaled to its own maximum), over at most this many
 # cached positions: the first few (attention sinks) and the most recent. ~140 kB per token at most.
@@ -59,11 +61,20 @@ def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
 
 
 def detail_to_dict(detail: LayerDetail, tokenizer: BPETokenizer, budget: int = ATTENTION_BUDGET_POSITIONS) -> dict[str, Any]:
-    """A forward pass's layer detail: bounded 8-bit attention, residual norms, logit lens with token text."""
+    """A forward pass's layer detail: bounded 8-bit attention, residual norms and both halves' updates, the top
+    feed-forward neurons, and the logit lens after each half with token text."""
+
+    def lens(guesses: list[LensGuess]) -> list[dict[str, Any]]:
+        return [{"layer": g.layer, "id": g.token_id, "token": tokenizer.token_text(g.token_id), "prob": g.prob} for g in guesses]
+
     return {
         "attention": attention_to_dict(detail.attention, budget),
         "residual_norms": detail.residual_norms,
-        "logit_lens": [{"layer": layer, "id": i, "token": tokenizer.token_text(i), "prob": p} for layer, i, p in detail.logit_lens],
+        "attention_update_norms": detail.attention_update_norms,
+        "feed_forward_update_norms": detail.feed_forward_update_norms,
+        "logit_lens": lens(detail.logit_lens),
+        "logit_lens_after_attention": lens(detail.logit_lens_after_attention),
+        "top_neurons": [[dataclasses.asdict(n) for n in layer] for layer in detail.top_neurons],
     }
 
 

@@ -6,6 +6,8 @@ RoPE written out with cos/sin on adjacent pairs. Slow and obvious on purpose.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from inference.config import ModelConfig
@@ -40,8 +42,23 @@ def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[
     return naive_forward(config, weights, ids)[0]
 
 
-def naive_forward(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(logits [T, V], the last token's attention probabilities [layers, heads, T])."""
+@dataclass
+class NaiveLayer:
+    """One layer for the last token: the residual stream entering it, between its halves and leaving it, and its
+    feed-forward's silu(gate) and up vectors."""
+
+    entering: np.ndarray
+    middle: np.ndarray
+    leaving: np.ndarray
+    gate: np.ndarray
+    up: np.ndarray
+
+
+def naive_forward(
+    config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], layers: list[NaiveLayer] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(logits [T, V], the last token's attention probabilities [layers, heads, T]); `layers`, when given, receives
+    the last token's `NaiveLayer` for every layer."""
     w = {k: v.astype(np.float64) for k, v in weights.items()}
     hd, group = config.head_dim, config.n_heads // config.n_kv_heads
     out_w = w.get("output.weight", w["token_embd.weight"])
@@ -72,7 +89,10 @@ def naive_forward(config: ModelConfig, weights: dict[str, np.ndarray], ids: list
                 h1 = x + w[p + "attn_output.weight"] @ np.concatenate(heads)
                 f = _rms_norm(h1, w[p + "ffn_norm.weight"], config.norm_eps)
                 gate = w[p + "ffn_gate.weight"] @ f
-                new_xs.append(h1 + w[p + "ffn_down.weight"] @ (gate / (1 + np.exp(-gate)) * (w[p + "ffn_up.weight"] @ f)))
+                silu, up = gate / (1 + np.exp(-gate)), w[p + "ffn_up.weight"] @ f
+                new_xs.append(h1 + w[p + "ffn_down.weight"] @ (silu * up))
+                if layers is not None and t == len(ids) - 1 and pos == t:
+                    layers.append(NaiveLayer(x, h1, new_xs[-1], silu, up))
             xs = new_xs
         logits.append(out_w @ _rms_norm(xs[-1], w["output_norm.weight"], config.norm_eps))
     return np.stack(logits), last_attention

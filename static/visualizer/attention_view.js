@@ -8,7 +8,9 @@ import { HeadView } from "./head_view.js";
 import { Heatmap } from "./heatmap.js";
 
 export class AttentionView {
-  constructor() {
+  // onPaint(forward, layer): told whenever the shown query token or layer changes, for views of the same token.
+  constructor(onPaint = () => {}) {
+    this.onPaint = onPaint;
     this.run = null;
     this.rows = []; // the forwards that carry attention, in order: one query token each
     this.query = null; // the picked query's position; null follows the newest token
@@ -78,6 +80,7 @@ export class AttentionView {
     });
     this.drawMatrix(layer, head);
     this.drawOverview(attention);
+    this.onPaint(forward, layer);
   }
 
   // The chosen head across the run: rows are query tokens, columns every position any of them saw.

@@ -5,13 +5,14 @@ import { NumbersTable } from "./numbers_table.js";
 // A line plot that fills its box; it resizes only when the box changed (a resize every token would re-layout the page).
 // Its numbers are also a table behind a toggle under the plot, for screen readers and for copying.
 class LinePlot {
-  // yAxes: a label for the one y axis, or a list of {scale, label, side} for series on scales of their own.
-  constructor(node, height, xLabel, yAxes, series) {
+  // yAxes: a label for the one y axis, or a list of {scale, label, side} for series on scales of their own;
+  // scales: uPlot scale options beside the x axis's (bars need room at both ends and a zero baseline).
+  constructor(node, height, xLabel, yAxes, series, scales = {}) {
     this.node = node;
     this.height = height;
     const ys = typeof yAxes === "string" ? [{ label: yAxes }] : yAxes;
     this.plot = new uPlot(
-      { width: this.width(), height, scales: { x: { time: false } }, axes: [{ label: xLabel }, ...ys], series: [{}, ...series] },
+      { width: this.width(), height, scales: { x: { time: false }, ...scales }, axes: [{ label: xLabel }, ...ys], series: [{}, ...series] },
       [[], ...series.map(() => [])],
       node,
     );
@@ -69,5 +70,24 @@ export class StepChart extends LinePlot {
 
   update(batches) {
     this.set([batches.map((b) => b.step), batches.map((b) => b.batch_size), batches.map((b) => b.duration * 1000)]);
+  }
+}
+
+// A layer is two updates of the residual stream, h → h + attention(h) → … + feed-forward(…): per layer, a bar pair
+// with the size (L2 norm) of each update.
+export class HalvesChart extends LinePlot {
+  constructor(node) {
+    const bars = (align) => uPlot.paths.bars({ size: [0.42, 28], align });
+    super(node, 150, "layer", "‖update‖", [
+      { label: "attention ‖Δh‖", stroke: "#2563eb", fill: "#2563ebaa", paths: bars(-1), points: { show: false } },
+      { label: "feed-forward ‖Δh‖", stroke: "#ea580c", fill: "#ea580caa", paths: bars(1), points: { show: false } },
+    ], {
+      x: { time: false, range: (u, min, max) => [min - 0.6, max + 0.6] },
+      y: { range: (u, min, max) => [0, max * 1.05 || 1] },
+    });
+  }
+
+  update(attention, feedForward) {
+    this.set([attention.map((_, i) => i), attention, feedForward]);
   }
 }

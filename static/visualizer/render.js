@@ -4,7 +4,10 @@ import { drawHeads } from "./attention.js";
 import { AttentionView } from "./attention_view.js";
 import { ItlChart, NormChart, StepChart } from "./charts.js";
 import { copyIdsButton } from "./copy_ids.js";
+import { FeedForwardView } from "./feed_forward_view.js";
 import { Heatmap } from "./heatmap.js";
+import { drawLayerStack } from "./layer_stack.js";
+import { lensTable } from "./logit_lens.js";
 import { LoopStrip } from "./loop_strip.js";
 import { roving } from "./roving.js";
 import { SEGMENT_LABELS, tokenAt, tokenChip } from "./tokens.js";
@@ -13,7 +16,7 @@ let itlChart = null;
 let normChart = null;
 let stepChart = null;
 // What this run has drawn so far; the widgets live in stage fields that resetStages empties, so they go with it.
-const fresh = () => ({ run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false, attention: null, loop: null });
+const fresh = () => ({ run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false, attention: null, feedForward: null, loop: null });
 const drawn = fresh();
 
 export function resetStages() {
@@ -166,13 +169,7 @@ function drawForward(run) {
     f.phase === "prefill"
       ? `prefill: ${f.n_tokens} tokens through every layer in one pass`
       : `decode step ${f.step}: 1 token at position ${f.position}, reading ${f.kv_length - 1} cached positions`;
-  const layers = field("forward", "layers");
-  const count = f.detail ? f.detail.residual_norms.length - 1 : (run.gateway?.layers ?? 30);
-  if (layers.childElementCount !== count) layers.replaceChildren(...Array.from({ length: count }, (_, i) => el("span", { class: "layer", title: `layer ${i}`, style: `--i:${i}` })));
-  layers.classList.toggle("prefill", f.phase === "prefill");
-  layers.classList.remove("sweep");
-  void layers.offsetWidth;
-  layers.classList.add("sweep");
+  drawLayerStack(field("forward", "layers"), f.detail ? f.detail.residual_norms.length - 1 : (run.gateway?.layers ?? 30), f);
   const contextLength = run.context?.context_length ?? f.kv_length;
   field("forward", "kv").style.width = `${Math.min(100, (f.kv_length / contextLength) * 100)}%`;
   field("forward", "kv-text").textContent = `${f.kv_length} positions cached`;
@@ -195,13 +192,11 @@ function drawBatch(run, f) {
 
 function drawFull(run, detail) {
   document.querySelector('#stage-forward [data-box="full"]').hidden = false;
-  drawn.attention ??= new AttentionView();
+  drawn.feedForward ??= new FeedForwardView();
+  drawn.attention ??= new AttentionView((forward, layer) => drawn.feedForward.draw(run, forward, layer));
   drawn.attention.update(run);
   normChart ??= new NormChart(field("forward", "norms"));
   normChart.update(detail.residual_norms);
-  field("forward", "lens").replaceChildren(
-    ...detail.logit_lens.map((g) => el("li", { title: `after layer ${g.layer}` }, `${g.layer}: ${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)),
-  );
 }
 
 function drawSampling(run) {
@@ -343,13 +338,13 @@ export function inspectionView(detail, run) {
   const pick = el("input", { type: "range", min: 0, max: attention.shape[0] - 1, value: attention.shape[0] - 1 });
   const picker = el("label", {}, "Layer ");
   picker.append(pick, label);
-  const lens = el("ol", { class: "lens" });
-  detail.logit_lens.forEach((g) => lens.append(el("li", { title: `after layer ${g.layer}` }, `${g.layer}: ${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`)));
-  box.append(picker, host, el("p", { class: "muted" }, "logit lens, layer by layer"), lens);
+  const lens = el("div");
+  box.append(picker, host, lens);
   const heatmap = new Heatmap(host, "attention of every head for this token");
   const paint = () => {
     label.textContent = `layer ${pick.value} · ${attention.shape[1]} heads over ${attention.shape[2]} of ${attention.kv_length} positions`;
     drawHeads(heatmap, run, attention, Number(pick.value));
+    lens.replaceChildren(lensTable(detail, Number(pick.value)));
   };
   pick.addEventListener("input", paint);
   paint();

@@ -96,7 +96,7 @@ def test_full_level_adds_attention_norms_and_logit_lens(tiny_pipeline: ChatPipel
         assert len(step.detail.logit_lens) == config.n_layers
     # The last layer's logit-lens guess is the model's own prediction: greedy picks it.
     prefill = steps[0].detail
-    assert prefill is not None and prefill.logit_lens[-1][1] == first.token_id
+    assert prefill is not None and prefill.logit_lens[-1].token_id == first.token_id
 
 
 def test_timings_add_up(tiny_pipeline: ChatPipeline) -> None:
@@ -122,6 +122,42 @@ def test_full_level_attention_matches_a_plain_recomputation(tiny_pipeline: ChatP
     _, attention = naive_forward(loaded.config, file_weights(loaded), request.prompt.ids)
     assert prefill.detail is not None
     assert np.allclose(prefill.detail.attention.astype(np.float32), attention, atol=2e-3)
+
+
+def test_full_level_feed_forward_half_matches_a_plain_recomputation(tiny_pipeline: ChatPipeline) -> None:
+    """Each half's update, the top SwiGLU neurons and the logit lens after each half, against float64 numpy."""
+    from naive_llama import NaiveLayer, _rms_norm, file_weights, naive_forward
+
+    loaded = tiny_pipeline.loaded
+    config = loaded.config
+    request = tiny_pipeline.prepare(MESSAGES, SamplingParams(temperature=0.0, max_tokens=1))
+    prefill = next(e for e in tiny_pipeline.stream(request, TraceLevel.FULL) if isinstance(e, ForwardStep))
+    weights = file_weights(loaded)
+    layers: list[NaiveLayer] = []
+    naive_forward(config, weights, request.prompt.ids, layers)
+    detail = prefill.detail
+    assert detail is not None and len(layers) == config.n_layers
+    assert np.allclose(detail.attention_update_norms, [np.linalg.norm(n.middle - n.entering) for n in layers], rtol=1e-4)
+    assert np.allclose(detail.feed_forward_update_norms, [np.linalg.norm(n.leaving - n.middle) for n in layers], rtol=1e-4)
+    for neurons, n in zip(detail.top_neurons, layers):
+        activation = n.gate * n.up
+        expected = np.argsort(-np.abs(activation))[: len(neurons)]
+        assert [x.index for x in neurons] == expected.tolist()
+        assert np.allclose([x.activation for x in neurons], activation[expected], rtol=1e-4, atol=1e-6)
+        assert np.allclose([x.gate for x in neurons], n.gate[expected], rtol=1e-4, atol=1e-6)
+
+    head = weights.get("output.weight", weights["token_embd.weight"]).astype(np.float64)
+
+    def lens(h: np.ndarray) -> tuple[int, float]:
+        logits = head @ _rms_norm(h, weights["output_norm.weight"], config.norm_eps)
+        probs = np.exp(logits - logits.max())
+        return int(logits.argmax()), float(probs.max() / probs.sum())
+
+    for guesses, stage in ((detail.logit_lens_after_attention, "middle"), (detail.logit_lens, "leaving")):
+        assert [g.layer for g in guesses] == list(range(config.n_layers))
+        for g in guesses:
+            token, prob = lens(getattr(layers[g.layer], stage))
+            assert g.token_id == token and np.isclose(g.prob, prob, rtol=1e-4)
 
 
 def _count_renders(pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch) -> list[int]:

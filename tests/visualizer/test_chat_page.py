@@ -56,7 +56,7 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: 
     assert "27 prompt tokens" in page.inner_text('#stage-context [data-field="fill-text"]')
     # 5. forward pass with the full-level pictures
     assert page.locator("#stage-forward .layer").count() == 30
-    assert page.locator('#stage-forward [data-field="lens"] li').count() == 10  # live: every third layer; on demand: all 30
+    assert page.locator('#stage-forward [data-field="lens"] tbody tr').count() == 10  # live: every third layer; on demand: all 30
     assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
     assert "decoded together with" in page.inner_text('#stage-forward [data-field="batch"]')
     assert page.inner_text('#stage-forward [data-field="weights"]').startswith("weights: fp32")  # the tests pin fp32
@@ -86,7 +86,7 @@ def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screensh
     page.click("#inspect-token")
     page.wait_for_selector("#inspection canvas", timeout=30000)
     assert "9 heads over 32 of 32 positions" in page.inner_text("#inspection")  # 27 prompt tokens + 5 generated
-    assert page.locator("#inspection .lens li").count() == 30
+    assert page.locator("#inspection .lens tbody tr").count() == 30
     screenshot(page.locator("#token-dialog"), "token-detail")
 
 
@@ -196,6 +196,40 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any,
     page.locator(f'{forward} [data-field="head-view"] .hv-queries [data-pick="30"]').click()
     assert "query “·India” at position 30" in page.inner_text(f'{forward} [data-field="layer-label"]')
     assert page.locator(f"{heads} .hm-col").count() == 31
+
+
+def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: Path, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?", level="full")
+    wait_done(page)
+    forward = "#stage-forward"
+    detail = [f for f in trace_events(exported(page, tmp_path), "forward") if f["detail"]][-1]["detail"]
+    # the layer stack: every layer in two halves
+    assert page.locator(f"{forward} .layer").count() == 30 and page.locator(f"{forward} .layer .half.attn").count() == 30
+    assert page.locator(f"{forward} .layer .half.ffn").count() == 30
+    # the chart: one bar pair per layer, its numbers those of the trace
+    halves = page.locator(f'{forward} [data-field="halves"] + details.numbers')
+    halves.locator("summary").click()
+    assert halves.locator("thead th").all_inner_texts() == ["layer", "attention ‖Δh‖", "feed-forward ‖Δh‖"]
+    rows = halves.locator("tbody tr")
+    assert rows.count() == 30
+    for layer in (0, 17, 29):
+        cells = rows.nth(layer).locator("td").all_inner_texts()
+        assert abs(float(cells[0]) - detail["attention_update_norms"][layer]) < 0.01
+        assert abs(float(cells[1]) - detail["feed_forward_update_norms"][layer]) < 0.01
+    # the chosen layer's top SwiGLU neurons, as the trace ranks them
+    page.locator(f'{forward} [data-field="layer-pick"]').fill("29")
+    neurons = page.locator(f'{forward} [data-field="neurons"] li')
+    assert neurons.count() == 8
+    assert neurons.locator(".neuron-id").all_inner_texts() == [f"#{n['index']}" for n in detail["top_neurons"][29]]
+    assert "|silu(gate) × up|" in page.inner_text(forward)
+    assert "layer 29:" in page.inner_text(f'{forward} [data-field="halves-text"]')
+    # the logit lens after each half; the last layer's guess after its feed-forward half is the answer's last step
+    lens = page.locator(f'{forward} [data-field="lens"] tbody tr')
+    assert lens.count() == 10 and lens.last.get_attribute("class") == "picked"
+    last = lens.last.locator("td").all_inner_texts()
+    assert last[0] == f"{detail['logit_lens_after_attention'][-1]['token'].replace(' ', '·')} {detail['logit_lens_after_attention'][-1]['prob'] * 100:.1f}%"
+    assert last[1].startswith("<|im_end|>")
+    screenshot(page.locator(forward), "forward-both-halves")
 
 
 def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(page: Any, tmp_path: Path, screenshot: Any) -> None:

@@ -55,6 +55,12 @@ def test_full_level_sends_bounded_attention(with_worker: Any) -> None:
         attention = forward["detail"]["attention"]
         assert attention["shape"][:2] == [2, 4] and attention["shape"][2] == forward["kv_length"]
         assert len(forward["detail"]["logit_lens"]) == 2 and len(forward["detail"]["residual_norms"]) == 3
+        detail = forward["detail"]  # both halves of each layer, as the page draws them
+        assert len(detail["attention_update_norms"]) == len(detail["feed_forward_update_norms"]) == 2
+        assert [g["layer"] for g in detail["logit_lens_after_attention"]] == [0, 1] and detail["logit_lens_after_attention"][0]["token"]
+        assert [len(layer) for layer in detail["top_neurons"]] == [8, 8] and set(detail["top_neurons"][0][0]) == {"index", "gate", "up", "activation"}
+        context = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "context")
+        assert context["rope_base"] == 10000.0 and context["rope_dim"] == 16  # the tiny model's: positions shown with its own numbers
 
     with_worker(body)
 
