@@ -39,7 +39,8 @@ class LayerProbe:
         self._residuals: list[Tensor] = []
         self._mid: list[Tensor] = []
         self._attention: list[Tensor] = []
-        self._neurons: list[list[Neuron]] = []
+        self._gates: list[Tensor] = []
+        self._ups: list[Tensor] = []
 
     def on_residual(self, layer: int, h: Tensor) -> None:
         self._residuals.append(h.float())  # [dim]
@@ -55,13 +56,17 @@ class LayerProbe:
         self._attention.append(torch.softmax(scores, dim=-1))
 
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
-        """Keep the neurons that send the most into the down projection: largest |silu(gate) * up|."""
-        gate, up = gate.float(), up.float()
-        opened = F.silu(gate)  # [ffn]: how far each neuron's gate lets its up value through
+        self._gates.append(gate.clone())  # [ffn], not a view that would keep the whole batch's projection alive;
+        self._ups.append(up.clone())  # ranked once for every layer in `detail`, off the layer loop
+
+    def _top_neurons(self) -> list[list[Neuron]]:
+        """Per layer, the neurons that send the most into the down projection: largest |silu(gate) * up|."""
+        opened = F.silu(torch.stack(self._gates).float())  # [L, ffn]: how far each neuron's gate lets its up value through
+        up = torch.stack(self._ups).float()  # [L, ffn]
         activation = opened * up
-        top = activation.abs().topk(min(TOP_NEURONS, activation.shape[0])).indices.tolist()
-        values = torch.stack([opened, up, activation])[:, top].T.tolist()  # [k, 3]
-        self._neurons.append([Neuron(i, g, u, a) for i, (g, u, a) in zip(top, values)])
+        top = activation.abs().topk(min(TOP_NEURONS, activation.shape[1]), dim=-1).indices  # [L, k]
+        values = torch.stack([opened.gather(1, top), up.gather(1, top), activation.gather(1, top)], dim=-1).tolist()  # [L, k, 3]
+        return [[Neuron(i, g, u, a) for i, (g, u, a) in zip(ids, rows)] for ids, rows in zip(top.tolist(), values)]
 
     def detail(self, model: Transformer) -> LayerDetail:
         """Assemble the recorded tensors; the logit lens reads each chosen layer's stream, after its attention half and
@@ -80,5 +85,5 @@ class LayerProbe:
             attention_update_norms=(mid - stream[:-1]).norm(dim=-1).tolist(),
             feed_forward_update_norms=(stream[1:] - mid).norm(dim=-1).tolist(),
             logit_lens_after_attention=guesses[: len(layers)],
-            top_neurons=self._neurons,
+            top_neurons=self._top_neurons(),
         )
