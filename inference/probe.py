@@ -20,7 +20,7 @@ from inference.model import Transformer
 from inference.trace import LayerDetail, LensGuess, Neuron
 
 
-LIVE_LENS_LAYERS = 10  # logit-lens rows computed while generating; each costs a pass through the 49k-token head
+LIVE_LENS_LAYERS = 6  # layers whose logit lens is computed while generating, after each half: 12 rows through the 49k-token head
 TOP_NEURONS = 8  # feed-forward neurons reported per layer
 
 

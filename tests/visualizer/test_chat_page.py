@@ -56,7 +56,7 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: 
     assert "27 prompt tokens" in page.inner_text('#stage-context [data-field="fill-text"]')
     # 5. forward pass with the full-level pictures
     assert page.locator("#stage-forward .layer").count() == 30
-    assert page.locator('#stage-forward [data-field="lens"] tbody tr').count() == 10  # live: every third layer; on demand: all 30
+    assert page.locator('#stage-forward [data-field="lens"] tbody tr').count() == 6  # live: six evenly spaced layers; on demand: all 30
     assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
     assert "decoded together with" in page.inner_text('#stage-forward [data-field="batch"]')
     assert page.inner_text('#stage-forward [data-field="weights"]').startswith("weights: fp32")  # the tests pin fp32
@@ -225,7 +225,7 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert "layer 29:" in page.inner_text(f'{forward} [data-field="halves-text"]')
     # the logit lens after each half; the last layer's guess after its feed-forward half is the answer's last step
     lens = page.locator(f'{forward} [data-field="lens"] tbody tr')
-    assert lens.count() == 10 and lens.last.get_attribute("class") == "picked"
+    assert lens.count() == 6 and lens.last.get_attribute("class") == "picked"
     last = lens.last.locator("td").all_inner_texts()
     assert last[0] == f"{detail['logit_lens_after_attention'][-1]['token'].replace(' ', '·')} {detail['logit_lens_after_attention'][-1]['prob'] * 100:.1f}%"
     assert last[1].startswith("<|im_end|>")
