@@ -179,7 +179,7 @@ def _attach_kernels(model: Transformer, kernels: weight_choice.Kernels, above: i
     """Give every int4 projection its compiled GEMM; each shape's is checked once, on the first projection of that shape."""
     checked: dict[tuple[int, int], bool] = {}
     for module in model.modules():
-        if isinstance(module, Int4) and (shape := (module.out_features, module.in_features)) in kernels:
+        if isinstance(module, Int4) and module.tiled is not None and (shape := (module.out_features, module.in_features)) in kernels:
             if shape not in checked:
                 checked[shape] = module.attach(kernels[shape], above)
                 if not checked[shape]:

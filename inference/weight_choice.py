@@ -1,19 +1,21 @@
 """Which weight format the model runs in: from the `ROUNDTRIP_WEIGHTS` setting, or measured on this CPU.
 
 Settings: `fp32`, `bf16`, `int8`, `int4`; `DECODE+PREFILL` (e.g. `int4+bf16`) to keep a second
-copy for multiplying many rows at once; `auto` (the default). On CUDA `auto` is bf16. On a CPU
-the ranking depends on the chip (with AMX, bf16 is fast for prompt-sized batches and int4's
-eager kernel for decode steps; without AVX512-BF16, bf16 is emulated and slow), so `auto`
-times each format on matrices of this model's shapes (under a second) and keeps:
+copy for multiplying many rows at once; `int4+tiled` to keep every int4 matrix also in the layout
+of the compiled GEMM; `auto` (the default). On CUDA `auto` is bf16. On a CPU the ranking depends
+on the chip (with AMX, bf16 is fast for prompt-sized batches and int4's eager kernel for decode
+steps; without AVX512-BF16, bf16 is emulated and slow), so `auto` times each format on matrices
+of this model's shapes (about a second) and keeps **one copy of each weight matrix**:
 
 - for decode steps, the format fastest at one row — or a more compact one within `NEAR_TIE` of it: int4
   keeps a Q4 file's own blocks exactly (the others re-quantize or expand them, and on this model
   int8 departs from llama.cpp's greedy text early), and less memory is worth a few percent;
-- int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
-  beats the eager int4 kernel — the same weights in a second layout;
-- above some row count, another format, only if it is still clearly faster for prompt-sized
-  batches; `max_decode_rows` is the last measured size where the decode format keeps up.
-  A second format costs its weights' memory again.
+- prompts go through the same weights: a second format, or the compiled GEMM's layout for every
+  layer, would make prefill 3-4x faster but costs its weights' memory again (+60 MB to +270 MB on
+  the default model, whose served process must stay under 500 MiB), so those are settings;
+- the one exception is the output head with int4's compiled GEMM (`inference.int4_gemm`, CPUs with
+  AMX): one matrix (14 MB again) that takes every row of a batched decode step and of the logit lens,
+  above the row count where the GEMM beats the eager kernel.
 
 The decision is remembered per CPU, torch version and model shape, so a restart loads the same
 cached weights instead of measuring again.
@@ -37,8 +39,6 @@ from inference.config import ModelConfig
 from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, SizeDispatch, WeightFormat, build, supports_int4
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
-PREFILL_ROWS = 64
-CLEAR_WIN = 1.3  # a second format must be this much faster on prompt-sized batches to be worth its memory
 NEAR_TIE = 1.15  # a more compact decode format this close to the fastest wins (timings on a busy machine wobble more)
 COMPACT_FIRST = (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.BF16, WeightFormat.FP32)
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
@@ -54,11 +54,12 @@ class WeightPlan:
     prefill: WeightFormat | None = None
     max_decode_rows: int = 0  # with a prefill format: batches of more rows than this use it
     tiled_above: int = 0  # int4 batches of more rows than this use the compiled GEMM (0: never)
+    tiled_layers: bool = False  # the compiled GEMM's layout for every layer too, not only the output head
 
     @property
     def key(self) -> str:
         key = self.decode.value if self.prefill is None else f"{self.decode.value}+{self.prefill.value}@{self.max_decode_rows}"
-        return key + ("+tiled" if self.tiled_above else "")
+        return key + (("+tiled" if self.tiled_layers else "+tiled-head") if self.tiled_above else "")
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -71,17 +72,17 @@ class WeightPlan:
     def describe(self) -> str:
         text = self.decode.value
         if self.tiled_above:
-            text += f" (compiled AMX GEMM above {self.tiled_above} rows)"
+            text += f" (compiled AMX GEMM above {self.tiled_above} rows{'' if self.tiled_layers else ', output head'})"
         if self.prefill is not None:
             text += f", {self.prefill.value} above {self.max_decode_rows} rows"
         return text + (", head int8 rows" if self.decode.quantized else "")
 
     def build(self, dense: Tensor, blocks: Q4Blocks | None = None) -> Projection:
         """One weight in this plan: a 4-bit format falls back to int8 for shapes its kernel cannot take."""
-        small = self._build_one(self.decode, dense, blocks)
+        small = self._build_one(self.decode, dense, blocks, self.tiled_layers)
         if self.prefill is None:
             return small
-        return SizeDispatch(small, self._build_one(self.prefill, dense, blocks), self.max_decode_rows)
+        return SizeDispatch(small, self._build_one(self.prefill, dense, blocks, self.tiled_layers), self.max_decode_rows)
 
     def build_head(self, dense: Tensor, q8: tuple[Tensor, Tensor] | None = None) -> Projection:
         """The output head / embedding table (see `inference.model_weights`): dense in a dense plan; beside
@@ -89,12 +90,12 @@ class WeightPlan:
         if not self.decode.quantized:
             return self.build(dense)
         table = Int8Rows(*q8) if q8 is not None else Int8Rows.quantize(dense)
-        return Head(self._build_one(self.decode, dense, None), table)
+        return Head(self._build_one(self.decode, dense, None, tiled=True), table)
 
-    def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None) -> Projection:
+    def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None, tiled: bool) -> Projection:
         if fmt is WeightFormat.INT4 and not supports_int4(*dense.shape):
             return Int8.quantize(dense)
-        return build(fmt, dense, blocks, tiled=bool(self.tiled_above))
+        return build(fmt, dense, blocks, tiled=tiled and bool(self.tiled_above))
 
 
 def model_shapes(config: ModelConfig) -> list[int4_gemm.Shape]:
@@ -110,18 +111,24 @@ def parse(setting: str, device: torch.device) -> WeightPlan | None:
     if setting in ("", "auto"):
         return None
     names = [n.strip() for n in setting.split("+")]
+    tiled_layers = names[1:] == ["tiled"]
+    if tiled_layers:
+        names = names[:1]
     allowed = ", ".join(f.value for f in WeightFormat)
     try:
         formats = [WeightFormat(n) for n in names]
     except ValueError:
-        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: use auto, one of {allowed}, or two joined by '+' (e.g. int4+bf16)") from None
+        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: use auto, one of {allowed}, two joined by '+' (e.g. int4+bf16), "
+                         "or int4+tiled") from None
     if len(formats) > 2:
         raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: at most two formats (decode+prefill)")
     if device.type != "cpu" and any(f.quantized for f in formats):
         raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: int8 and int4 kernels run on the CPU; use bf16 or fp32 on {device.type}")
+    if tiled_layers and formats != [WeightFormat.INT4]:
+        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: '+tiled' is a layout of int4 weights: int4+tiled")
     if len(formats) == 2:
         return WeightPlan(formats[0], formats[1], 16)
-    return WeightPlan(formats[0])
+    return WeightPlan(formats[0], tiled_layers=tiled_layers)
 
 
 def choose(
@@ -148,7 +155,7 @@ def choose(
     if plan is None:
         plan = decide(timings, tiled)
     elif tiled and plan.uses(WeightFormat.INT4):
-        plan = WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _tiled_above(timings, tiled))
+        plan = WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _tiled_above(timings, tiled), plan.tiled_layers)
     if memo is not None and quiet:
         _remember(memo, plan, timings, tiled)
     elif memo is not None:
@@ -222,19 +229,11 @@ def _tiled_above(timings: Timings, tiled: dict[int, float]) -> int:
 
 
 def decide(timings: Timings, tiled: dict[int, float] | None = None) -> WeightPlan:
-    """The fastest format at one row for decoding (with int4's compiled GEMM for larger batches where it helps);
-    a second format for prompt-sized batches only when it is still clearly faster there."""
+    """One copy of the weights in the format fastest at one row (decode steps), or a more compact one within
+    `NEAR_TIE`; with int4, the output head also in the compiled GEMM's layout above the rows where it wins."""
     fastest = min(timings, key=lambda f: timings[f][1])
     decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
-    tiled_above = _tiled_above(timings, tiled) if tiled and decode is WeightFormat.INT4 else 0
-    effective = dict(timings)
-    if tiled_above:
-        effective[decode] = {n: min(t, tiled.get(n, t)) for n, t in timings[decode].items()}  # type: ignore[union-attr]
-    prefill = min(effective, key=lambda f: effective[f][PREFILL_ROWS])
-    if prefill is decode or effective[decode][PREFILL_ROWS] < CLEAR_WIN * effective[prefill][PREFILL_ROWS]:
-        return WeightPlan(decode, tiled_above=tiled_above)
-    keeps_up = [n for n in sorted(effective[decode]) if effective[decode][n] <= effective[prefill][n]]
-    return WeightPlan(decode, prefill, max(keeps_up, default=1), tiled_above)
+    return WeightPlan(decode, tiled_above=_tiled_above(timings, tiled) if tiled and decode is WeightFormat.INT4 else 0)
 
 
 def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, tiled: bool) -> Path:
@@ -249,7 +248,8 @@ def _recall(memo: Path | None) -> WeightPlan | None:
     try:
         saved = json.loads(memo.read_text())
         prefill = WeightFormat(saved["prefill"]) if saved["prefill"] else None
-        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["tiled_above"]))
+        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["tiled_above"]),
+                          bool(saved["tiled_layers"]))
     except (OSError, ValueError, KeyError):
         return None
 
@@ -257,7 +257,7 @@ def _recall(memo: Path | None) -> WeightPlan | None:
 def _remember(memo: Path, plan: WeightPlan, timings: Timings, tiled: dict[int, float]) -> None:
     """The decision and the measurements behind it (milliseconds), for the next start and for curious people."""
     record = {"decode": plan.decode.value, "prefill": plan.prefill.value if plan.prefill else None, "max_decode_rows": plan.max_decode_rows,
-              "tiled_above": plan.tiled_above, "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
+              "tiled_above": plan.tiled_above, "tiled_layers": plan.tiled_layers, "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
               "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in tiled.items()}}
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)

@@ -33,29 +33,29 @@ def test_a_more_compact_format_within_a_near_tie_wins_the_decode() -> None:
     assert decide(_timings(fp32=(4, 9), int8=(1.0, 8), int4=(1.44, 8.5))).decode is F.INT8  # 1.44x: clearly faster
 
 
-def test_a_second_format_joins_only_when_clearly_faster_for_prompts() -> None:
+def test_auto_keeps_one_copy_of_the_weights_even_where_another_format_multiplies_prompts_faster() -> None:
     plan = decide(_timings(bf16=(3, 3.5), int4=(1, 12)))
-    assert (plan.decode, plan.prefill) == (F.INT4, F.BF16)
-    assert 1 <= plan.max_decode_rows < 64
-    assert decide(_timings(bf16=(3, 10), int4=(1, 12))).prefill is None  # 1.2x faster is not worth the memory
+    assert plan == WeightPlan(F.INT4)
+    assert plan.prefill is None and not plan.tiled_layers
 
 
-def test_int4s_compiled_gemm_takes_the_batches_where_it_is_faster_and_spares_a_second_copy() -> None:
+def test_int4s_compiled_gemm_takes_the_output_heads_batches_where_it_is_faster() -> None:
     timings = _timings(bf16=(3, 3.5), int4=(1, 12))
     tiled = {2: 1.5, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.3, 64: 3.0}  # slower than eager int4 up to 4 rows
     plan = decide(timings, tiled)
-    assert plan.decode is F.INT4 and plan.prefill is None
+    assert plan.decode is F.INT4 and plan.prefill is None and not plan.tiled_layers
     assert plan.tiled_above == 4  # eager int4 at 4 rows: 1.52 < 1.6
-    assert "compiled AMX GEMM above 4 rows" in plan.describe()
+    assert "compiled AMX GEMM above 4 rows, output head" in plan.describe()
 
 
 @pytest.mark.parametrize("setting, plan", [("int4", WeightPlan(F.INT4)), ("BF16", WeightPlan(F.BF16)), ("int4+bf16", WeightPlan(F.INT4, F.BF16, 16)),
-                                           ("auto", None), ("", None)])
+                                           ("int4+tiled", WeightPlan(F.INT4, tiled_layers=True)), ("auto", None), ("", None)])
 def test_it_reads_the_setting(setting: str, plan: WeightPlan | None) -> None:
     assert parse(setting, CPU) == plan
 
 
-@pytest.mark.parametrize("setting, message", [("int3", "use auto, one of"), ("int4+bf16+fp32", "at most two")])
+@pytest.mark.parametrize("setting, message", [("int3", "use auto, one of"), ("int4+bf16+fp32", "at most two"),
+                                              ("bf16+tiled", "a layout of int4 weights")])
 def test_it_refuses_settings_it_cannot_run(setting: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse(setting, CPU)
