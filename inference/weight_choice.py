@@ -1,21 +1,24 @@
 """Which weight format the model runs in: from the `ROUNDTRIP_WEIGHTS` setting, or measured on this CPU.
 
-Settings: `fp32`, `bf16`, `int8`, `int4`; `DECODE+PREFILL` (e.g. `int4+bf16`) to keep a second
-copy for multiplying many rows at once; `int4+tiled` to keep every int4 matrix also in the layout
-of the compiled GEMM; `auto` (the default). On CUDA `auto` is bf16. On a CPU the ranking depends
-on the chip (with AMX, bf16 is fast for prompt-sized batches and int4's eager kernel for decode
-steps; without AVX512-BF16, bf16 is emulated and slow), so `auto` times each format on matrices
-of this model's shapes (about a second) and keeps **one copy of each weight matrix**:
+Settings: `fp32`, `bf16`, `int8`, `int4` (one copy of each matrix: the leanest); `DECODE+PREFILL`
+(e.g. `int4+bf16`) to keep a second copy for multiplying many rows at once; `int4+tiled` to keep
+every int4 matrix also in the layout of the compiled GEMM; `auto` (the default). On CUDA `auto` is
+bf16. On a CPU the ranking depends on the chip (with AMX, bf16 is fast for prompt-sized batches and
+int4's eager kernel for decode steps; without AVX512-BF16, bf16 is emulated and slow), so `auto`
+times each format on matrices of this model's shapes (about a second) and keeps:
 
 - for decode steps, the format fastest at one row — or a more compact one within `NEAR_TIE` of it: int4
   keeps a Q4 file's own blocks exactly (the others re-quantize or expand them, and on this model
   int8 departs from llama.cpp's greedy text early), and less memory is worth a few percent;
-- prompts go through the same weights: a second format, or the compiled GEMM's layout for every
-  layer, would make prefill 3-4x faster but costs its weights' memory again (+60 MB to +270 MB on
-  the default model, whose served process must stay under 500 MiB), so those are settings;
-- the one exception is the output head with int4's compiled GEMM (`inference.int4_gemm`, CPUs with
-  AMX): one matrix (14 MB again) that takes every row of a batched decode step and of the logit lens,
-  above the row count where the GEMM beats the eager kernel.
+- int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
+  beats the eager int4 kernel — the same weights in a second layout (+60 MB on the default model;
+  prefill and batched decode steps several times faster);
+- above some row count, another format, only if it is still clearly faster for prompt-sized
+  batches; `max_decode_rows` is the last measured size where the decode format keeps up.
+  A second format costs its weights' memory again.
+
+With plain `int4`, only the output head (one matrix, 14 MB again, which takes every row of a batched decode
+step and of the logit lens) keeps the compiled GEMM's layout.
 
 The decision is remembered per CPU, torch version and model shape, so a restart loads the same
 cached weights instead of measuring again.
@@ -41,6 +44,8 @@ from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 NEAR_TIE = 1.15  # a more compact decode format this close to the fastest wins (timings on a busy machine wobble more)
 COMPACT_FIRST = (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.BF16, WeightFormat.FP32)
+PREFILL_ROWS = 64
+CLEAR_WIN = 1.3  # a second format or layout must be this much faster on prompt-sized batches to be worth its memory
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
 ROUNDS = 3  # the formats take turns this many times; each keeps its best
 TILED = "int4 compiled GEMM"  # int4 through the compiled GEMM, measured beside the formats
@@ -229,11 +234,19 @@ def _tiled_above(timings: Timings, tiled: dict[int, float]) -> int:
 
 
 def decide(timings: Timings, tiled: dict[int, float] | None = None) -> WeightPlan:
-    """One copy of the weights in the format fastest at one row (decode steps), or a more compact one within
-    `NEAR_TIE`; with int4, the output head also in the compiled GEMM's layout above the rows where it wins."""
+    """The fastest format at one row for decoding (with int4's compiled GEMM for larger batches where it helps);
+    a second format for prompt-sized batches only when it is still clearly faster there."""
     fastest = min(timings, key=lambda f: timings[f][1])
     decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
-    return WeightPlan(decode, tiled_above=_tiled_above(timings, tiled) if tiled and decode is WeightFormat.INT4 else 0)
+    tiled_above = _tiled_above(timings, tiled) if tiled and decode is WeightFormat.INT4 else 0
+    effective = dict(timings)
+    if tiled_above:
+        effective[decode] = {n: min(t, tiled.get(n, t)) for n, t in timings[decode].items()}  # type: ignore[union-attr]
+    prefill = min(effective, key=lambda f: effective[f][PREFILL_ROWS])
+    if prefill is decode or effective[decode][PREFILL_ROWS] < CLEAR_WIN * effective[prefill][PREFILL_ROWS]:
+        return WeightPlan(decode, tiled_above=tiled_above, tiled_layers=bool(tiled_above))
+    keeps_up = [n for n in sorted(effective[decode]) if effective[decode][n] <= effective[prefill][n]]
+    return WeightPlan(decode, prefill, max(keeps_up, default=1), tiled_above, bool(tiled_above))
 
 
 def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, tiled: bool) -> Path:

@@ -33,19 +33,26 @@ def test_a_more_compact_format_within_a_near_tie_wins_the_decode() -> None:
     assert decide(_timings(fp32=(4, 9), int8=(1.0, 8), int4=(1.44, 8.5))).decode is F.INT8  # 1.44x: clearly faster
 
 
-def test_auto_keeps_one_copy_of_the_weights_even_where_another_format_multiplies_prompts_faster() -> None:
+def test_a_second_format_joins_only_when_clearly_faster_for_prompts() -> None:
     plan = decide(_timings(bf16=(3, 3.5), int4=(1, 12)))
-    assert plan == WeightPlan(F.INT4)
-    assert plan.prefill is None and not plan.tiled_layers
+    assert (plan.decode, plan.prefill) == (F.INT4, F.BF16)
+    assert 1 <= plan.max_decode_rows < 64
+    assert decide(_timings(bf16=(3, 10), int4=(1, 12))).prefill is None  # 1.2x faster is not worth the memory
 
 
-def test_int4s_compiled_gemm_takes_the_output_heads_batches_where_it_is_faster() -> None:
+def test_int4s_compiled_gemm_takes_the_batches_where_it_is_faster_and_spares_a_second_format() -> None:
     timings = _timings(bf16=(3, 3.5), int4=(1, 12))
     tiled = {2: 1.5, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.3, 64: 3.0}  # slower than eager int4 up to 4 rows
     plan = decide(timings, tiled)
-    assert plan.decode is F.INT4 and plan.prefill is None and not plan.tiled_layers
+    assert plan.decode is F.INT4 and plan.prefill is None and plan.tiled_layers
     assert plan.tiled_above == 4  # eager int4 at 4 rows: 1.52 < 1.6
-    assert "compiled AMX GEMM above 4 rows, output head" in plan.describe()
+    assert "compiled AMX GEMM above 4 rows" in plan.describe() and "output head" not in plan.describe()
+
+
+def test_plain_int4_keeps_the_compiled_layout_for_the_output_head_only() -> None:
+    plan = parse("int4", CPU)
+    assert plan is not None and not plan.tiled_layers
+    assert "output head" in WeightPlan(F.INT4, tiled_above=4).describe()
 
 
 @pytest.mark.parametrize("setting, plan", [("int4", WeightPlan(F.INT4)), ("BF16", WeightPlan(F.BF16)), ("int4+bf16", WeightPlan(F.INT4, F.BF16, 16)),
