@@ -6,7 +6,6 @@ LLaMA-family GGUF loads by path. Nothing is ever downloaded.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.metadata
 import logging
 import os
@@ -20,6 +19,7 @@ from inference.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inference.config import ModelConfig
 from inference.errors import ModelFileError
 from inference.gguf_file import GGUFFile, TokenizerData
+from inference.memory import return_free_memory
 from inference.model import Transformer
 from inference.model_weights import ModelWeights, expected_tensors
 from inference.model_weights import read as read_weights
@@ -150,7 +150,7 @@ def load_model(
     model = Transformer(config, model_weights, stream).to(target).eval().requires_grad_(False)
     if kernels:
         _attach_kernels(model, kernels, plan.tiled_above)
-    _give_back_freed_memory()
+    return_free_memory()
     report(LoadProgress("building", 2, 2, "ready"))
     return LoadedModel(
         path=path,
@@ -164,15 +164,6 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         from_cache=state is not None,
     )
-
-
-def _give_back_freed_memory() -> None:
-    """Loading allocates and frees large buffers (file metadata, conversions); glibc keeps freed memory for reuse,
-    which a long-running server would carry as resident memory for nothing (13 MB here). Elsewhere: nothing to do."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _attach_kernels(model: Transformer, kernels: weight_choice.Kernels, above: int) -> None:

@@ -1,9 +1,9 @@
-"""Giving freed memory back to the operating system when the engine goes idle.
+"""Giving freed memory back to the operating system (glibc's allocator; elsewhere nothing to do).
 
-A burst of requests grows the C heap (KV caches, logits, activations); glibc keeps freed pages for
-reuse, so the worker's resident memory would stay at the burst's peak for as long as it lives.
-`malloc_trim` returns them; it takes a few milliseconds, so it runs only when the last request has
-left, never between steps.
+Loading and a burst of requests allocate and free large buffers (file metadata, conversions, KV caches,
+logits, activations). glibc keeps freed pages for reuse, so a long-running server would carry its busiest
+moment as resident memory for as long as it lives. `malloc_trim` gives them back; it takes a few
+milliseconds, so it runs after loading and when the last request has left, never between steps.
 """
 
 from __future__ import annotations
@@ -14,19 +14,18 @@ from functools import lru_cache
 from typing import Callable
 
 
-@lru_cache(maxsize=1)
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
+@lru_cache(maxsize=None)
+def _glibc(name: str) -> Callable[..., int] | None:
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim  # glibc only
+        function: Callable[..., int] = getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)  # glibc only
     except (OSError, AttributeError, TypeError):
         return None
-    return trim
+    return function
 
 
 def return_free_memory() -> bool:
     """Hand the C heap's free pages back to the OS (glibc); whether it could."""
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     if trim is None:
         return False
     trim(0)

@@ -1,4 +1,4 @@
-"""The worker gives a burst's freed heap back to the OS when it goes idle (glibc's malloc_trim)."""
+"""The engine gives freed heap back to the OS (glibc's malloc_trim) after loading and when it goes idle."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import platform
 
 import pytest
 
-from webapp.worker.memory import return_free_memory
+from inference.memory import return_free_memory
 
 
 def _rss_mib() -> float:

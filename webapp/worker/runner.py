@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, cast
 from inference.chat_template import Message
 from inference.errors import InvalidRequestError
 from inference.loader import LoadedModel
+from inference.memory import return_free_memory
 from inference.params import SamplingParams
 from inference.pipeline import ChatPipeline
 from inference.scheduler import KVBudgetExceededError, QueueFullError, Scheduler, SchedulerConfig, SequenceOutput
@@ -30,7 +31,6 @@ from inference.tokenizer import BPETokenizer
 from inference.trace import Sampled, TraceLevel
 from inference.trace_json import detail_to_dict, event_to_dict
 from webapp.metrics import metrics
-from webapp.worker.memory import return_free_memory
 from webapp.worker.protocol import (
     Accepted,
     DetokenizeRequest,
