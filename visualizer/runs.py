@@ -9,7 +9,6 @@ usage-log row), "done"; or an "error" frame instead.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -74,17 +73,8 @@ class Run:
             body, level, step = self._body()
             request = parse(ChatCompletionRequest, body)
             ctx.prompt_text = request.chat_messages[-1]["content"]
-            route = await turn.admit(request.model)
-            assert ctx.rate is not None
-            yield {
-                "type": "gateway",
-                "identity": identity.label,
-                "model": route.id,
-                "channel": route.work_channel,
-                "limits": dataclasses.asdict(identity.limits),
-                "rate": ctx.rate.counted,
-                "stages": [{"name": s.name, "ms": s.seconds * 1000, "detail": s.detail} for s in ctx.stages],
-            }
+            await turn.admit(request.model)
+            yield {"type": "gateway", **turn.gateway_report()}
             self.generation = await turn.generate(request.chat_messages, request.params, level, fit_max_tokens=not request.max_tokens_given, step=step)
             yield {"type": "accepted", **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")}}
             async for message in turn.messages():
@@ -99,17 +89,11 @@ class Run:
         except Exception as exc:  # refused, failed, or something unexpected: the page always hears why
             error = turn.fail(exc)
             yield {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
-        record = await turn.settle()
+        await turn.settle()
         finished = turn.usage.finished.get(0)
         if finished is not None and request is not None:
             await sync_to_async(self._save_exchange)(turn.request_id, request.chat_messages, str(finished["text"]))
-        yield {
-            "type": "usage",
-            "record": {"id": record.pk, "request_id": record.request_id, "status": record.status, "finish_reason": record.finish_reason,
-                       "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
-                       "ttft_ms": record.ttft_ms, "total_ms": record.total_ms, "model": record.model},
-            "stages": [{"name": s.name, "ms": s.seconds * 1000} for s in ctx.stages],
-        }
+        yield {"type": "usage", **turn.usage_report()}
         yield {"type": "done", "request_id": turn.request_id, "conversation": self.payload.get("conversation")}
 
     def _save_exchange(self, request_id: str, messages: list[dict[str, str]], answer: str) -> None:

@@ -5,14 +5,17 @@ import { drawRun, inspectionView, tokenDetail } from "./render.js";
 import { roving } from "./roving.js";
 import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
+import { Tour } from "./tour.js";
 
 const $ = (id) => document.getElementById(id);
 const state = { run: null, lastRun: null, imported: null, conversation: null, history: [], bubble: null };
 
+const tour = new Tour($("tour"));
 const player = new Player((run) => {
   drawRun(run);
   drawBubble(run);
   finishIfDone(run);
+  tour.update(run);
 });
 
 const socket = new PipelineSocket("/ws/pipeline/", {
@@ -27,6 +30,7 @@ const socket = new PipelineSocket("/ws/pipeline/", {
       return;
     }
     player.push(state.run, frame, at);
+    keepGoing(state.run, frame);
   },
   onStatus(status) {
     const line = $("socket-status");
@@ -108,6 +112,7 @@ function finishIfDone(run) {
   run.finishedHandled = true;
   setBusy(false);
   $("export-run").disabled = false;
+  $("replay-tour").disabled = false;
   state.lastRun = run;
   if (run.error) showError(`${run.error.message}`);
   if (run.finished && run === state.run) {
@@ -118,10 +123,20 @@ function finishIfDone(run) {
   }
 }
 
+// A run the guided tour let go after its first token runs on in step mode: the page asks for each next token itself.
+function keepGoing(run, frame) {
+  if (state.released === run && frame.type === "trace" && frame.event.event === "text" && !run.lastSampled?.is_stop) socket.send({ type: "next" });
+}
+
 $("composer").addEventListener("submit", (event) => {
   event.preventDefault();
+  send();
+});
+
+// Sends the composed message as a new run (null when there is nothing to send or a run is still going).
+function send() {
   const prompt = $("prompt").value;
-  if (!prompt.trim() || (state.run && !state.run.done)) return;
+  if (!prompt.trim() || (state.run && !state.run.done)) return null;
   showError("");
   const system = $("system").value.trim();
   const messages = [...(system ? [{ role: "system", content: system }] : []), ...state.history, { role: "user", content: prompt }];
@@ -139,7 +154,7 @@ $("composer").addEventListener("submit", (event) => {
   run.sentAt = performance.now();
   if (!socket.send(request)) {
     showError("Not connected to the server yet; try again in a moment.");
-    return;
+    return null;
   }
   state.run = run;
   addBubble("user", prompt);
@@ -147,6 +162,23 @@ $("composer").addEventListener("submit", (event) => {
   $("prompt").value = "";
   setBusy(true);
   drawRun(run);
+  return run;
+}
+
+// The guided tour on a live run: the walkthrough's question unless one is typed, at full detail, in step mode, so
+// the engine waits after the first token while the tour walks the stages.
+$("tour-start").addEventListener("click", (event) => {
+  if (state.run && !state.run.done) return;
+  tour.end();
+  if (!$("prompt").value.trim()) $("prompt").value = event.currentTarget.dataset.question;
+  $("level").value = "full";
+  document.querySelector('input[name="speed"][value="step"]').checked = true;
+  const run = send();
+  if (!run) return;
+  tour.start(run, () => {
+    state.released = run;
+    socket.send({ type: "next" });
+  });
 });
 
 $("prompt").addEventListener("keydown", (event) => {
@@ -233,23 +265,35 @@ $("import-run").addEventListener("change", async (event) => {
     if (data.format !== "roundtrip-run" || !Array.isArray(data.frames)) throw new Error("not a Roundtrip run");
     state.imported = data;
     $("replay-run").disabled = false;
+    $("replay-tour").disabled = false;
     showError("");
   } catch (error) {
     showError(`Could not import ${file.name}: ${error.message}.`);
   }
 });
 
-$("replay-run").addEventListener("click", () => {
+$("replay-run").addEventListener("click", () => replay(false));
+// The same tour over a recording, without the model: the replay holds after the first token as the engine would.
+$("replay-tour").addEventListener("click", () => {
+  tour.end();
+  const run = replay(true);
+  if (run) tour.start(run, run.release);
+});
+
+// Plays the imported recording (else this page's last run) into a new run; `hold`: stop after its first token until
+// run.release() is called.
+function replay(hold) {
   const recorded = state.imported ?? state.lastRun?.toJSON();
-  if (!recorded) return;
+  if (!recorded || (state.run && !state.run.done)) return null;
   const run = new Run(recorded.request);
   run.replay = true;
   state.run = run;
   addBubble("user", `(replay) ${recorded.request.messages.at(-1).content}`);
   state.bubble = { run, node: addBubble("assistant", "") };
   player.speed = speed() === "slow" ? "slow" : "live";
-  player.replay(run, recorded);
-});
+  run.release = player.replay(run, recorded, hold);
+  return run;
+}
 
 // While the worker loads the model, say so, with its progress (from /health); requests sent meanwhile wait for it.
 async function watchModelLoading() {

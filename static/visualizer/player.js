@@ -55,17 +55,24 @@ export class Player {
     });
   }
 
-  // Replays a recorded run with its original timing (slow motion stretches it).
-  replay(run, recorded, onEnd) {
+  // Replays a recorded run with its original timing (slow motion stretches it). With `hold`, it stops after the first
+  // token's text, as the engine does in step mode; the function it returns plays the rest, from where it stopped.
+  replay(run, recorded, hold = false) {
     const stretch = this.speed === "slow" ? 4 : 1;
-    const start = performance.now();
-    run.sentAt = start;
-    recorded.frames.forEach(({ at, frame }) => {
-      setTimeout(() => {
-        run.apply(frame, start + at * stretch);
-        this.schedule(run);
-        if (frame.type === "done") onEnd?.();
-      }, at * stretch);
-    });
+    const frames = recorded.frames;
+    const firstText = frames.findIndex(({ frame }) => frame.type === "trace" && frame.event.event === "text");
+    const cut = hold && firstText >= 0 ? firstText + 1 : frames.length;
+    const play = (part, offset) => {
+      const start = performance.now();
+      part.forEach(({ at, frame }) => {
+        setTimeout(() => {
+          run.apply(frame, start + (at - offset) * stretch);
+          this.schedule(run);
+        }, (at - offset) * stretch);
+      });
+    };
+    run.sentAt = performance.now();
+    play(frames.slice(0, cut), 0);
+    return () => play(frames.slice(cut), frames[cut]?.at ?? 0);
   }
 }

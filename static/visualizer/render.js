@@ -1,14 +1,16 @@
 // Draws every stage from a Run. Called on animation frames with the latest state.
 import { clock, el, field, hex, light, ms, visible } from "./dom.js";
-import { drawHeads } from "./attention.js";
+import { drawHeads, queryPosition } from "./attention.js";
 import { AttentionView } from "./attention_view.js";
 import { ItlChart, NormChart, StepChart } from "./charts.js";
 import { copyIdsButton } from "./copy_ids.js";
 import { FeedForwardView } from "./feed_forward_view.js";
 import { Heatmap } from "./heatmap.js";
+import { ttftParts } from "./latency_parts.js";
 import { drawLayerStack } from "./layer_stack.js";
 import { lensTable } from "./logit_lens.js";
 import { LoopStrip } from "./loop_strip.js";
+import { drawRope } from "./rope_view.js";
 import { roving } from "./roving.js";
 import { SEGMENT_LABELS, tokenAt, tokenChip } from "./tokens.js";
 
@@ -170,6 +172,7 @@ function drawForward(run) {
       ? `prefill: ${f.n_tokens} tokens through every layer in one pass`
       : `decode step ${f.step}: 1 token at position ${f.position}, reading ${f.kv_length - 1} cached positions`;
   drawLayerStack(field("forward", "layers"), f.detail ? f.detail.residual_norms.length - 1 : (run.gateway?.layers ?? 30), f);
+  drawRope(field("forward", "rope"), run, queryPosition(f), f.kv_length);
   const contextLength = run.context?.context_length ?? f.kv_length;
   field("forward", "kv").style.width = `${Math.min(100, (f.kv_length / contextLength) * 100)}%`;
   field("forward", "kv-text").textContent = `${f.kv_length} positions cached`;
@@ -193,7 +196,10 @@ function drawBatch(run, f) {
 function drawFull(run, detail) {
   document.querySelector('#stage-forward [data-box="full"]').hidden = false;
   drawn.feedForward ??= new FeedForwardView();
-  drawn.attention ??= new AttentionView((forward, layer) => drawn.feedForward.draw(run, forward, layer));
+  drawn.attention ??= new AttentionView((forward, layer) => {
+    drawn.feedForward.draw(run, forward, layer);
+    drawRope(field("forward", "rope"), run, queryPosition(forward), forward.kv_length); // the token the views show
+  });
   drawn.attention.update(run);
   normChart ??= new NormChart(field("forward", "norms"));
   normChart.update(detail.residual_norms);
@@ -277,12 +283,8 @@ function drawLatency(run) {
   const t = f.timings;
   field("latency", "itl-server").textContent = t.mean_itl === null ? "—" : ms(t.mean_itl * 1000);
   field("latency", "tps-server").textContent = t.decode_tokens_per_s ? t.decode_tokens_per_s.toFixed(1) : "—";
-  const gateway = run.gateway ? run.gateway.stages.reduce((sum, s) => sum + s.ms, 0) : 0;
   const parts = [
-    ["gateway", gateway],
-    ["queue", (t.queue ?? 0) * 1000],
-    ["tokenize", t.tokenize * 1000],
-    ["prefill", t.prefill * 1000],
+    ...ttftParts(run),
     ...run.forwards.filter((x) => x.phase === "decode").map((x) => ["decode", x.duration * 1000]),
   ];
   const server = parts.reduce((sum, [, v]) => sum + v, 0);

@@ -1,30 +1,69 @@
-// Staff watch page: API requests from other clients, token by token.
+// Staff watch page: the requests of every client (API, pages, benchmark) as cards with their answers, and every stage
+// of the picked one (the newest until another is picked), drawn by the chat page's own renderer from the frames the
+// gateway publishes while someone watches (API requests are traced at summary level meanwhile).
 import { el } from "./dom.js";
+import { Player } from "./player.js";
+import { drawRun } from "./render.js";
+import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
 
-const cards = new Map();
+const watched = new Map(); // request id -> {run, card}
+let newest = null;
+let picked = null; // null: follow the newest
 
-function card(id, title) {
-  if (!cards.has(id)) {
-    const node = el("article", { class: "stage active" });
-    node.append(el("h3", {}, title), el("div", { class: "bubble assistant" }), el("p", { class: "muted" }, "streaming…"));
-    document.getElementById("watch").prepend(node);
-    cards.set(id, node);
+const player = new Player((run) => {
+  const entry = watched.get(run.requestId);
+  drawCard(entry);
+  if (entry === shown()) drawRun(run);
+});
+
+function shown() {
+  return watched.get(picked ?? newest) ?? null;
+}
+
+function entryFor(frame, at) {
+  const id = frame.request_id;
+  if (!watched.has(id)) {
+    const run = new Run({ request_id: id, endpoint: frame.endpoint ?? "", source: frame.source ?? "", model: frame.model ?? "" });
+    run.requestId = id;
+    run.sentAt = at; // the watch page's clock starts when it hears of the request
+    const card = el("article", { class: "stage watch-card" });
+    const open = el("button", { type: "button", class: "link" }, `${id} · ${frame.source ?? ""} · ${frame.model ?? ""}`);
+    open.addEventListener("click", () => pick(id));
+    const title = el("h3");
+    title.append(open);
+    card.append(title, el("div", { class: "bubble assistant" }), el("p", { class: "muted" }, "streaming…"));
+    document.getElementById("watch").prepend(card);
+    watched.set(id, { run, card });
+    newest = id;
+    markPicked();
   }
-  return cards.get(id);
+  return watched.get(id);
+}
+
+function pick(id) {
+  picked = id === newest ? null : id;
+  markPicked();
+  drawRun(shown().run);
+}
+
+function markPicked() {
+  for (const { card } of watched.values()) card.classList.toggle("picked", card === shown()?.card);
+}
+
+function drawCard({ run, card }) {
+  const bubble = card.querySelector(".bubble");
+  if (bubble.textContent !== run.text) bubble.textContent = run.text;
+  const f = run.finished;
+  if (f) card.querySelector("p").textContent =
+    `${f.finish_reason} · ${f.prompt_tokens} + ${f.completion_tokens} tokens · TTFT ${(f.timings.ttft * 1000).toFixed(0)} ms`;
+  else if (run.error) card.querySelector("p").textContent = run.error.message;
 }
 
 new PipelineSocket("/ws/watch/", {
-  onFrame(frame) {
-    if (frame.type === "request") card(frame.request_id, `${frame.request_id} · ${frame.source} · ${frame.model}`);
-    if (frame.type !== "trace") return;
-    const node = card(frame.request_id, frame.request_id);
-    const event = frame.event;
-    if (event.event === "text") node.querySelector(".bubble").append(document.createTextNode(event.text));
-    if (event.event === "finished") {
-      const t = event.timings;
-      node.querySelector("p").textContent = `${event.finish_reason} · ${event.prompt_tokens} + ${event.completion_tokens} tokens · TTFT ${(t.ttft * 1000).toFixed(0)} ms`;
-    }
+  onFrame(frame, at) {
+    if (!frame.request_id) return; // hello, pong
+    player.push(entryFor(frame, at).run, frame, at);
   },
   onStatus(status) {
     const line = document.getElementById("socket-status");

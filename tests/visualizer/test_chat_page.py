@@ -202,7 +202,8 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     ask(page, "What's the capital of India?", level="full")
     wait_done(page)
     forward = "#stage-forward"
-    detail = [f for f in trace_events(exported(page, tmp_path), "forward") if f["detail"]][-1]["detail"]
+    recorded = exported(page, tmp_path)
+    detail = [f for f in trace_events(recorded, "forward") if f["detail"]][-1]["detail"]
     # the layer stack: every layer in two halves
     assert page.locator(f"{forward} .layer").count() == 30 and page.locator(f"{forward} .layer .half.attn").count() == 30
     assert page.locator(f"{forward} .layer .half.ffn").count() == 30
@@ -230,6 +231,80 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert last[0] == f"{detail['logit_lens_after_attention'][-1]['token'].replace(' ', '·')} {detail['logit_lens_after_attention'][-1]['prob'] * 100:.1f}%"
     assert last[1].startswith("<|im_end|>")
     screenshot(page.locator(forward), "forward-both-halves")
+
+    # rotary positions with the model's own base and rotary dims, for the query token the views show
+    context = trace_events(recorded, "context")[0]
+    assert (context["rope_base"], context["rope_dim"]) == (100000.0, 64)  # SmolLM2's config
+    page.locator(f'{forward} [data-field="head-view"] .hv-queries [data-pick="30"]').click()
+    rope = f'{forward} [data-field="rope"]'
+    assert "angles for “·India” at position 30, and at position 0" in page.inner_text(f"{rope} caption")
+    rows = page.locator(f"{rope} tbody tr")
+    assert rows.locator("th").all_inner_texts() == ["0", "1", "2", "4", "8", "16", "31"]
+    theta = 100000.0 ** (-2 * 4 / 64)
+    cells = rows.nth(3).locator("td").all_inner_texts()
+    assert cells[0] == f"{theta:.4g}" and cells[1].startswith(f"{30 * theta:.3f} rad = {math.degrees((30 * theta) % (2 * math.pi)):.1f}°")
+    assert "Shuffle the words" in page.inner_text(rope) and "base 100000 and d = 64" in page.inner_text(rope)
+    screenshot(page.locator(rope), "forward-rope")
+
+
+TOUR = ["request", "gateway", "tokens", "context", "forward", "sampling", "stream", "detok", "latency"]
+
+
+def ms_text(value: float) -> str:
+    """A duration as the page's `ms()` writes it."""
+    return f"{value:.2f} ms" if value < 10 else f"{value:.0f} ms"
+
+
+def walk_the_tour(page: Any) -> list[str]:
+    """Press Next through the eight stages, checking each is the one highlighted, in order; the narrations said."""
+    said = []
+    for n, stage in enumerate(TOUR):
+        page.wait_for_selector(f"#stage-{stage}.touring", timeout=30000)
+        assert page.locator(".stage.touring").count() == 1
+        title = page.inner_text("#tour [data-tour=title]")
+        assert title.startswith(f"Step {n + 1} of 8") if n < 8 else title.startswith("Last")
+        if n < 8:
+            page.wait_for_selector("#tour [data-tour=next]:not([disabled])", timeout=30000)
+            said.append(page.inner_text("#tour [data-tour=text]"))
+            if stage == "detok":  # the engine (or the replay) holds after the first token while the tour walks the stages
+                page.wait_for_timeout(400)
+                assert page.locator(".bubble.assistant:last-child .tok").count() == 1
+            page.click("#tour [data-tour=next]")
+    page.locator("#tour [data-tour=text]", has_text="Time to first token").wait_for(timeout=60000)
+    said.append(page.inner_text("#tour [data-tour=text]"))
+    return said
+
+
+def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(page: Any, tmp_path: Path, screenshot: Any) -> None:
+    from webapp.usage.models import UsageRecord
+
+    page.select_option("#model", "smollm2-135m-instruct")
+    page.click("#tour-start")  # the walkthrough's question by default
+    said = walk_the_tour(page)
+    wait_done(page)
+    assert answer(page) == "The capital of India is New Delhi."
+    assert "[1780, 506, 260, 3575, 282, 3089, 47]" in said[2] and "27 tokens" in said[3] and "“The”" in said[5]
+    screenshot(page, "tour-live-end")
+    page.click("#tour [data-tour=end]")
+    assert page.is_hidden("#tour") and page.locator(".stage.touring").count() == 0
+    # the latency panel ended it: TTFT and ITL with this run's own numbers
+    recorded = exported(page, tmp_path)
+    timings = trace_events(recorded, "finished")[0]["timings"]
+    gateway = next(f["frame"] for f in recorded["frames"] if f["frame"]["type"] == "gateway")
+    parts = [("gateway", sum(s["ms"] for s in gateway["stages"])), ("queue", timings["queue"] * 1000), ("tokenize", timings["tokenize"] * 1000),
+             ("prefill", timings["prefill"] * 1000)]
+    assert "Time to first token (TTFT) = " + " + ".join(f"{name} {ms_text(v)}" for name, v in parts) in said[-1]
+    decode = sorted(f["duration"] * 1000 for f in trace_events(recorded, "forward") if f["phase"] == "decode")
+    assert f"one decode step {ms_text((decode[3] + decode[4]) / 2)} + sampling" in said[-1] and "network" in said[-1]
+
+    # the same tour over the recording, without the model: no new request reaches the server
+    requests = UsageRecord.objects.count()
+    page.click("#replay-tour")
+    said = walk_the_tour(page)
+    page.wait_for_function("document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'", timeout=30000)
+    assert "[1780, 506, 260, 3575, 282, 3089, 47]" in said[2] and "Time to first token" in said[-1]
+    assert UsageRecord.objects.count() == requests
+    screenshot(page, "tour-replay")
 
 
 def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(page: Any, tmp_path: Path, screenshot: Any) -> None:
@@ -385,6 +460,15 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         page.wait_for_function("document.querySelector('#watch p').textContent.includes('tokens')", timeout=15000)
         assert page.inner_text("#watch .bubble") == reply.json()["choices"][0]["message"]["content"]
         assert reply.json()["id"] in page.inner_text("#watch h3")
+        # every stage of the API request, traced at summary while staff watch: its tokens, context, sampling, loop
+        page.wait_for_function("document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')", timeout=15000)
+        chip_ids = [int(i) for i in page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => n.dataset.id)")]
+        assert chip_ids == [1780, 506, 260, 3575, 282, 3089, 47]
+        assert [li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()] == ["authenticate", "rate_limit", "route", "usage_log"]
+        assert page.locator("#stage-context .segment.message").inner_text().startswith("your message (7)")
+        assert page.inner_text("#stage-sampling .bar.chosen .tok") == "<|im_end|>"
+        assert page.locator("#stage-loop .loop-strip li").count() == reply.json()["usage"]["completion_tokens"]  # ending on <|im_end|>
+        assert page.locator('#stage-stream [data-field="frames"] li').count() >= 1 and page.inner_text('#stage-detok [data-field="appended"]')
         screenshot(page, "watch")
     finally:
         context.close()

@@ -15,6 +15,7 @@ turn start, every trace event and every settlement.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -28,6 +29,7 @@ from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
 from webapp.gateway.identity import Identity
 from webapp.gateway.routing import ModelRoute
+from webapp.gateway.watch import anyone_watching
 from webapp.usage.models import UsageRecord
 
 log = logging.getLogger("roundtrip.gateway")
@@ -90,6 +92,7 @@ class Turn:
         self.usage = Usage()
         self.status, self.error_code = 200, ""
         self.record: UsageRecord | None = None
+        self.watched = False  # staff were watching when it began to generate
 
     @property
     def request_id(self) -> str:
@@ -109,14 +112,45 @@ class Turn:
         return self.ctx.route
 
     async def generate(self, messages: list[dict[str, Any]], params: Any, level: str = "off", **options: Any) -> client.Generation:
-        """Stage 4 begins: the worker accepted the request (or GatewayError); observers hear of it."""
+        """Stage 4 begins: the worker accepted the request (or GatewayError); observers hear of it.
+
+        While staff watch, an untraced request is traced at `summary`, so the watch page can show its every stage;
+        its own answer is the same (clients read only the events they always get)."""
         assert self.ctx.route is not None, "admit first"
+        self.watched = await anyone_watching()
+        if self.watched and level == "off":
+            level = "summary"
         self.generation = await client.generate(self.ctx.route, messages, params, level, self.ctx.request_id, **options)
         self.usage.prompt_tokens = int(self.generation.accepted.get("prompt_tokens", 0))
         self.ctx.worker = self.generation.worker or ""
         for observer in _observers:
             await observer.started(self)
         return self.generation
+
+    def gateway_report(self) -> dict[str, Any]:
+        """What the gateway did, as the pipeline page shows it: who, which model on which channel, the limits and the
+        rate-limit bucket before and after, and each check with its time."""
+        ctx = self.ctx
+        assert ctx.identity is not None and ctx.route is not None and ctx.rate is not None, "admit first"
+        return {
+            "identity": ctx.identity.label,
+            "model": ctx.route.id,
+            "channel": ctx.route.work_channel,
+            "limits": dataclasses.asdict(ctx.identity.limits),
+            "rate": ctx.rate.counted,
+            "stages": [{"name": s.name, "ms": s.seconds * 1000, "detail": s.detail} for s in ctx.stages],
+        }
+
+    def usage_report(self) -> dict[str, Any]:
+        """The settled turn's usage row and the gateway's checks with their times, as the pipeline page shows them."""
+        record = self.record
+        assert record is not None, "settle first"
+        return {
+            "record": {"id": record.pk, "request_id": record.request_id, "status": record.status, "finish_reason": record.finish_reason,
+                       "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
+                       "ttft_ms": record.ttft_ms, "total_ms": record.total_ms, "model": record.model},
+            "stages": [{"name": s.name, "ms": s.seconds * 1000} for s in self.ctx.stages],
+        }
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
         """The worker's replies until the end ("waiting" and {"type": "event", "event", "index"}), counted for the usage row."""

@@ -40,23 +40,29 @@ async def publish(frame: dict[str, Any]) -> None:
 
 
 class WatchObserver:
-    """Shows every gateway turn (API, page, benchmark) to staff on the watch page, while anyone watches:
-    asked once per turn, so an unwatched server pays one cache read per request."""
+    """Shows every gateway turn (API, page, benchmark) to staff on the watch page, while anyone watches (the turn asks
+    once, as it starts generating, and then traces an API request at `summary`): the request, the gateway's checks,
+    every trace event of its first choice and its usage row, as the pipeline page's frames, each with its request id."""
 
     def __init__(self) -> None:
         self._watched: set[str] = set()
 
     async def started(self, turn: Turn) -> None:
-        if not await anyone_watching():
+        if not turn.watched:
             return
         self._watched.add(turn.request_id)
         ctx = turn.ctx
         await publish({"type": "request", "request_id": turn.request_id, "source": ctx.identity.label if ctx.identity else "",
                        "model": ctx.route.id if ctx.route else "", "endpoint": ctx.endpoint})
+        await publish({"type": "gateway", "request_id": turn.request_id, **turn.gateway_report()})
 
     async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None:
         if turn.request_id in self._watched and index == 0:
             await publish({"type": "trace", "request_id": turn.request_id, "event": event})
 
     async def settled(self, turn: Turn, record: UsageRecord) -> None:
+        if turn.request_id not in self._watched:
+            return
         self._watched.discard(turn.request_id)
+        await publish({"type": "usage", "request_id": turn.request_id, **turn.usage_report()})
+        await publish({"type": "done", "request_id": turn.request_id})

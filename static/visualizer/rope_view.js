@@ -1,0 +1,56 @@
+// Rotary position embedding (RoPE) with the model's own numbers: before attention compares queries with keys, each
+// head's vector is taken as pairs of dimensions and pair i of a token at position p is turned by the angle
+// p × base^(−2i/d). Shown for one token's position beside the same token at another position, to say what
+// shuffling the order would change. base and d come from the run's context event (the model's config).
+import { el } from "./dom.js";
+import { positionLabel } from "./attention.js";
+
+const TURN = 2 * Math.PI;
+
+// A few pairs spread from the fastest-turning (i = 0) to the slowest (the last).
+function pairs(half) {
+  return [...new Set([0, 1, 2, 4, 8, 16, half - 1].filter((i) => i < half))];
+}
+
+const degrees = (angle) => `${(((angle % TURN) + TURN) % TURN * (180 / Math.PI)).toFixed(1)}°`;
+
+// run: whose context says base and d; position: the token to explain; length: positions so far.
+export function drawRope(node, run, position, length) {
+  const c = run.context;
+  if (!c) return;
+  const half = c.rope_dim / 2;
+  const token = positionLabel(run, position);
+  const other = length - 1 - position !== position ? length - 1 - position : 0; // its place if the sequence ran backwards
+  const table = el("table", { class: "rope" });
+  table.append(el("caption", {}, `angles for “${token.label}” at position ${position}, and at position ${other}`));
+  const head = el("tr");
+  for (const text of ["pair i", "θᵢ = base^(−2i/d), rad per position", `angle at ${position}`, `angle at ${other}`, "difference"]) {
+    head.append(el("th", { scope: "col" }, text));
+  }
+  table.append(el("thead"), el("tbody"));
+  table.tHead.append(head);
+  for (const i of pairs(half)) {
+    const theta = c.rope_base ** ((-2 * i) / c.rope_dim);
+    const row = el("tr");
+    row.append(
+      el("th", { scope: "row" }, String(i)),
+      el("td", {}, theta.toPrecision(4)),
+      el("td", {}, `${(position * theta).toFixed(3)} rad = ${degrees(position * theta)}`),
+      el("td", {}, `${(other * theta).toFixed(3)} rad = ${degrees(other * theta)}`),
+      el("td", {}, degrees((other - position) * theta)),
+    );
+    table.tBodies[0].append(row);
+  }
+  node.replaceChildren(
+    el("p", { class: "muted" },
+      `Positions inside the forward pass (rotary position embedding, RoPE): each head's query and key vectors are read as ` +
+      `${half} pairs of numbers, and pair i of the token at position p is turned by the angle p × θᵢ, with θᵢ = base^(−2i/d), ` +
+      `base ${c.rope_base} and d = ${c.rope_dim} rotary dimensions (this model's own). Pair 0 turns fastest, the last pair barely moves.`),
+    table,
+    el("p", { class: "muted" },
+      `Shuffle the words and the same token gets other angles: if the ${length} positions ran backwards, “${token.label}” would ` +
+      `stand at position ${other} and every pair would be turned by the difference shown. Attention multiplies a rotated query ` +
+      `with rotated keys, so what survives is the difference of their positions, (p − s) × θᵢ: the model knows how far apart two ` +
+      `tokens are, and a shuffled sentence gives other attention scores even though it has the same words.`),
+  );
+}
