@@ -68,8 +68,7 @@ class Sampler:
             order, keep, final = None, None, None
         else:
             token, draw, order, keep, final = self._draw(adjusted / p.temperature)
-        self._seen[token] = True
-        self._counts[token] += 1
+        self.observe(token)
         chosen = logits[token]
         top_logprobs: list[tuple[int, float]] = []
         if p.top_logprobs:
@@ -84,6 +83,12 @@ class Sampler:
             top_logprobs=top_logprobs,
             detail=detail,
         )
+
+    def observe(self, token: int) -> None:
+        """Count `token` as generated (what presence, frequency and repetition penalties look at): `sample` does
+        it for its own draws; a re-sample of a past step replays the tokens before it."""
+        self._seen[token] = True
+        self._counts[token] += 1
 
     def _apply_penalties(self, logits: Tensor) -> Tensor:
         """Logit bias (OpenAI: added to the logits first), then the repetition penalty over prompt and output

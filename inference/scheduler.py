@@ -21,14 +21,17 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+from torch import Tensor
 
 from inference.batch import Chunk
 from inference.errors import InferenceError, InvalidRequestError
 from inference.kv_cache import round_capacity
 from inference.model import Transformer
+from inference.params import SamplingParams
 from inference.prefix_cache import PrefixCache
 from inference.probe import LayerProbe, lens_layers
-from inference.sequence import Phase, SequenceRequest, SequenceState
+from inference.sampling import Sample, Sampler
+from inference.sequence import DETAIL_TOP_N, Phase, SequenceRequest, SequenceState
 from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
 
 GIB = 1024**3
@@ -246,10 +249,25 @@ class Scheduler:
         (which was traced at summary level, or beyond the live position budget).
         """
         probe = LayerProbe(lens_layers(self.model.config.n_layers, None))
+        self._last_logits(ids, {len(ids) - 1: probe})
+        return probe.detail(self.model)
+
+    @torch.inference_mode()
+    def resample(self, prompt_ids: Sequence[int], generated: Sequence[int], params: SamplingParams) -> Sample:
+        """What if a past step had been sampled otherwise: the next token after `prompt_ids` + `generated`,
+        drawn with `params` (penalties see `generated` as the output so far) from that step's real logits,
+        recomputed from scratch; explained as the sampling stage shows a live step."""
+        ids = [*prompt_ids, *generated]
+        sampler = Sampler(params, self.model.config.vocab_size, prompt_ids, self.stop_ids)
+        for token in generated:
+            sampler.observe(token)
+        return sampler.sample(self._last_logits(ids, {}), DETAIL_TOP_N)
+
+    def _last_logits(self, ids: Sequence[int], probes: dict[int, LayerProbe]) -> Tensor:
+        """float32 logits [V] after `ids`, computed in a cache of their own (the running batch is untouched)."""
         cache = self.model.new_cache(1, len(ids))
         plan = self.model.plan([Chunk(0, 0, len(ids))])
-        self.model(torch.tensor(list(ids), device=self.device), plan, cache, {len(ids) - 1: probe})
-        return probe.detail(self.model)
+        return self.model(torch.tensor(list(ids), device=self.device), plan, cache, dict(probes))[0].float().cpu()
 
     # --- admission and slots -----------------------------------------------------------------
 

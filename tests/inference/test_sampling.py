@@ -179,3 +179,14 @@ def test_logit_bias_is_added_before_everything_and_shown_on_the_candidate() -> N
 def test_a_logit_bias_outside_the_vocabulary_is_named() -> None:
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         Sampler(SamplingParams(logit_bias=((V + 3, 1.0),)), V, [1], STOP)
+
+
+def test_an_observed_token_counts_for_the_penalties_like_a_sampled_one() -> None:
+    logits = torch.zeros(V)
+    logits[7], logits[8] = 2.0, 1.0
+    sampler = _sampler(temperature=0.0, frequency_penalty=1.5)
+    assert sampler.sample(logits.clone()).token_id == 7  # sampled once: now penalised by 1.5, below token 8
+    assert sampler.sample(logits.clone()).token_id == 8
+    replayed = _sampler(temperature=0.0, frequency_penalty=1.5)
+    replayed.observe(7)  # a re-sample of the second step replays the first
+    assert replayed.sample(logits.clone()).token_id == 8

@@ -261,3 +261,43 @@ def test_choices_of_one_request_share_one_prefill_and_decode_together(tiny_model
         assert finished.cached_tokens == len(prompt) - 1  # copied from the first choice, not recomputed
         alone = dataclasses.replace(other, request_id="alone", shares_prompt_with=None)
         assert [s.token_id for s in _tokens(outputs[other.request_id])] == [s.token_id for s in _alone(tiny_model, alone)]
+
+
+def test_resampling_a_past_step_greedily_gives_the_token_the_run_chose(tiny_model: LoadedModel) -> None:
+    prompt = PROMPTS[1]
+    run = [s.token_id for s in _alone(tiny_model, _request("r", prompt, max_tokens=8, ignore_eos=True))]
+    scheduler = _scheduler(tiny_model)
+    for step in (0, 3, 7):
+        again = scheduler.resample(prompt, run[:step], SamplingParams(temperature=0.0))
+        assert again.token_id == run[step]
+        assert again.detail is not None and again.detail.candidates[0].token_id == run[step]
+
+
+def test_resampling_the_first_step_with_the_runs_seed_draws_the_same_token(tiny_model: LoadedModel) -> None:
+    params = dict(temperature=1.3, top_p=0.95, seed=11)
+    first = _alone(tiny_model, _request("r", PROMPTS[0], max_tokens=1, ignore_eos=True, **params))[0]
+    again = _scheduler(tiny_model).resample(PROMPTS[0], [], SamplingParams(**params))
+    assert again.token_id == first.token_id and again.detail is not None and again.detail.draw is not None
+
+
+def test_other_settings_change_that_steps_distribution(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model)
+    cool = scheduler.resample(PROMPTS[0], [], SamplingParams(temperature=0.5, seed=1))
+    warm = scheduler.resample(PROMPTS[0], [], SamplingParams(temperature=2.0, seed=1))
+    assert cool.detail is not None and warm.detail is not None
+    assert [c.raw_prob for c in cool.detail.candidates] == [c.raw_prob for c in warm.detail.candidates]  # the same logits
+    assert cool.detail.candidates[0].adjusted_prob > warm.detail.candidates[0].adjusted_prob  # a cooler, sharper distribution
+    only_best = scheduler.resample(PROMPTS[0], [], SamplingParams(temperature=1.0, top_k=1, seed=1))
+    assert only_best.token_id == cool.detail.candidates[0].token_id and only_best.detail is not None
+    assert only_best.detail.kept == 1
+
+
+def test_penalties_in_a_resample_see_the_tokens_generated_before_that_step(tiny_model: LoadedModel) -> None:
+    prompt = PROMPTS[1]
+    run = [s.token_id for s in _alone(tiny_model, _request("r", prompt, max_tokens=6, ignore_eos=True))]
+    scheduler = _scheduler(tiny_model)
+    free = scheduler.resample(prompt, run[:5], SamplingParams(temperature=0.0))
+    barred = scheduler.resample(prompt, run[:5], SamplingParams(temperature=0.0, frequency_penalty=2.0, logit_bias=[(t, -100.0) for t in prompt]))
+    assert free.token_id == run[5]
+    assert barred.token_id not in run[:5] + prompt  # earlier outputs penalised, the prompt's tokens biased away
+    assert barred.detail is not None and all(c.token_id not in prompt or c.adjusted_prob < 1e-6 for c in barred.detail.candidates)
