@@ -12,7 +12,13 @@ function pairs(half) {
   return [...new Set([0, 1, 2, 4, 8, 16, half - 1].filter((i) => i < half))];
 }
 
-const degrees = (angle) => `${(((angle % TURN) + TURN) % TURN * (180 / Math.PI)).toFixed(1)}°`;
+// An angle in degrees after whole turns, in [0, 360).
+function degrees(angle) {
+  const deg = (((angle % TURN) + TURN) % TURN) * (180 / Math.PI);
+  return `${(deg >= 359.95 ? 0 : deg).toFixed(1)}°`;
+}
+
+const angle = (value) => `${value.toFixed(3)} (${degrees(value)})`;
 
 // run: whose context says base and d; position: the token to explain; length: positions so far.
 export function drawRope(node, run, position, length) {
@@ -20,11 +26,11 @@ export function drawRope(node, run, position, length) {
   if (!c) return;
   const half = c.rope_dim / 2;
   const token = positionLabel(run, position);
-  const other = length - 1 - position !== position ? length - 1 - position : 0; // its place if the sequence ran backwards
+  const other = (position + Math.floor(length / 2)) % length; // its place if the sequence's two halves swapped
   const table = el("table", { class: "rope" });
-  table.append(el("caption", {}, `angles for “${token.label}” at position ${position}, and at position ${other}`));
+  table.append(el("caption", {}, `angles in radians (degrees after whole turns) for “${token.label}” at position ${position}, and at position ${other}`));
   const head = el("tr");
-  for (const text of ["pair i", "θᵢ = base^(−2i/d), rad per position", `angle at ${position}`, `angle at ${other}`, "difference"]) {
+  for (const text of ["pair i", "θᵢ, rad per position", `angle at ${position}`, `angle at ${other}`, "difference"]) {
     head.append(el("th", { scope: "col" }, text));
   }
   table.append(el("thead"), el("tbody"));
@@ -35,8 +41,8 @@ export function drawRope(node, run, position, length) {
     row.append(
       el("th", { scope: "row" }, String(i)),
       el("td", {}, theta.toPrecision(4)),
-      el("td", {}, `${(position * theta).toFixed(3)} rad = ${degrees(position * theta)}`),
-      el("td", {}, `${(other * theta).toFixed(3)} rad = ${degrees(other * theta)}`),
+      el("td", {}, angle(position * theta)),
+      el("td", {}, angle(other * theta)),
       el("td", {}, degrees((other - position) * theta)),
     );
     table.tBodies[0].append(row);
@@ -48,8 +54,8 @@ export function drawRope(node, run, position, length) {
       `base ${c.rope_base} and d = ${c.rope_dim} rotary dimensions (this model's own). Pair 0 turns fastest, the last pair barely moves.`),
     table,
     el("p", { class: "muted" },
-      `Shuffle the words and the same token gets other angles: if the ${length} positions ran backwards, “${token.label}” would ` +
-      `stand at position ${other} and every pair would be turned by the difference shown. Attention multiplies a rotated query ` +
+      `Shuffle the words and the same token gets other angles: if the two halves of these ${length} positions swapped places, ` +
+      `“${token.label}” would stand at position ${other} and every pair would be turned by the difference shown. Attention multiplies a rotated query ` +
       `with rotated keys, so what survives is the difference of their positions, (p − s) × θᵢ: the model knows how far apart two ` +
       `tokens are, and a shuffled sentence gives other attention scores even though it has the same words.`),
   );

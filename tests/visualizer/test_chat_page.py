@@ -237,12 +237,13 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert (context["rope_base"], context["rope_dim"]) == (100000.0, 64)  # SmolLM2's config
     page.locator(f'{forward} [data-field="head-view"] .hv-queries [data-pick="30"]').click()
     rope = f'{forward} [data-field="rope"]'
-    assert "angles for “·India” at position 30, and at position 0" in page.inner_text(f"{rope} caption")
+    assert "for “·India” at position 30, and at position 14" in page.inner_text(f"{rope} caption")  # 31 positions, halves swapped
     rows = page.locator(f"{rope} tbody tr")
     assert rows.locator("th").all_inner_texts() == ["0", "1", "2", "4", "8", "16", "31"]
     theta = 100000.0 ** (-2 * 4 / 64)
     cells = rows.nth(3).locator("td").all_inner_texts()
-    assert cells[0] == f"{theta:.4g}" and cells[1].startswith(f"{30 * theta:.3f} rad = {math.degrees((30 * theta) % (2 * math.pi)):.1f}°")
+    assert cells[0] == f"{theta:.4g}" and cells[1] == f"{30 * theta:.3f} ({math.degrees((30 * theta) % (2 * math.pi)):.1f}°)"
+    assert cells[2] == f"{14 * theta:.3f} ({math.degrees((14 * theta) % (2 * math.pi)):.1f}°)"
     assert "Shuffle the words" in page.inner_text(rope) and "base 100000 and d = 64" in page.inner_text(rope)
     screenshot(page.locator(rope), "forward-rope")
 
