@@ -15,6 +15,8 @@ export class FeedForwardView {
 
   draw(run, forward, layer) {
     const d = forward.detail;
+    field("forward", "lens").replaceChildren(lensTable(d, layer));
+    if (!d.attention_update_norms) return; // a recording made before the halves were traced
     const query = positionLabel(run, queryPosition(forward));
     this.chart.update(d.attention_update_norms, d.feed_forward_update_norms);
     const attention = d.attention_update_norms[layer];
@@ -24,7 +26,6 @@ export class FeedForwardView {
       `attention added an update of ‖Δh‖ = ${num(attention)}, the feed-forward half one of ‖Δh‖ = ${num(feedForward)} ` +
       `(${feedForward > attention ? "the feed-forward half changed it more" : "attention changed it more"}).`;
     this.drawNeurons(d.top_neurons[layer], layer);
-    field("forward", "lens").replaceChildren(lensTable(d, layer));
   }
 
   drawNeurons(neurons, layer) {

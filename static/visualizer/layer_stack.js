@@ -11,7 +11,7 @@ export function drawLayerStack(node, count, forward) {
       return layer;
     }));
   }
-  const d = forward.detail;
+  const d = forward.detail?.attention_update_norms ? forward.detail : null; // recordings made before the halves were traced have none
   const largest = d ? Math.max(...d.attention_update_norms, ...d.feed_forward_update_norms, 1e-9) : 1;
   [...node.children].forEach((layer, i) => {
     const [attn, ffn] = layer.children;

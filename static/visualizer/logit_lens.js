@@ -7,7 +7,7 @@ const guessText = (g) => `${visible(g.token)} ${(g.prob * 100).toFixed(1)}%`;
 
 // `selected`: a layer whose row is marked (the layer the page shows).
 export function lensTable(detail, selected = null) {
-  const halfway = new Map(detail.logit_lens_after_attention.map((g) => [g.layer, g]));
+  const halfway = new Map((detail.logit_lens_after_attention ?? []).map((g) => [g.layer, g])); // older recordings: none
   const table = el("table", { class: "lens" });
   table.append(el("caption", { class: "muted" }, "logit lens: the best next-token guess read out after each half of a layer"));
   const head = el("tr");

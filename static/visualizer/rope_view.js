@@ -23,7 +23,7 @@ const angle = (value) => `${value.toFixed(3)} (${degrees(value)})`;
 // run: whose context says base and d; position: the token to explain; length: positions so far.
 export function drawRope(node, run, position, length) {
   const c = run.context;
-  if (!c) return;
+  if (!c?.rope_dim) return; // not yet, or a recording made before the context carried the model's RoPE numbers
   const half = c.rope_dim / 2;
   const token = positionLabel(run, position);
   const other = (position + Math.floor(length / 2)) % length; // its place if the sequence's two halves swapped
