@@ -8,7 +8,6 @@ import { FeedForwardView } from "./feed_forward_view.js";
 import { Heatmap } from "./heatmap.js";
 import { ttftParts } from "./latency_parts.js";
 import { drawLayerStack } from "./layer_stack.js";
-import { lensTable } from "./logit_lens.js";
 import { LoopStrip } from "./loop_strip.js";
 import { drawRope } from "./rope_view.js";
 import { roving } from "./roving.js";
@@ -331,7 +330,8 @@ export function tokenDetail(run, stepNumber) {
   return box;
 }
 
-// Recomputed full detail for one token of `run`: a layer picker over its attention, and the logit lens.
+// Recomputed full detail for one token of `run`: a layer picker over its attention, both halves of every layer, the
+// picked layer's feed-forward neurons, and the logit lens at every layer.
 export function inspectionView(detail, run) {
   const attention = detail.attention;
   const box = el("div", { class: "inspection" });
@@ -340,13 +340,14 @@ export function inspectionView(detail, run) {
   const pick = el("input", { type: "range", min: 0, max: attention.shape[0] - 1, value: attention.shape[0] - 1 });
   const picker = el("label", {}, "Layer ");
   picker.append(pick, label);
-  const lens = el("div");
-  box.append(picker, host, lens);
+  const nodes = { halves: el("div", { class: "chart" }), text: el("p", { class: "muted" }), neurons: el("ol", { class: "neurons" }), lens: el("div") };
+  box.append(picker, host, nodes.halves, nodes.text, el("p", { class: "muted" }, "the picked layer's most active feed-forward neurons, by |silu(gate) × up|"), nodes.neurons, nodes.lens);
   const heatmap = new Heatmap(host, "attention of every head for this token");
+  const halves = new FeedForwardView(nodes);
   const paint = () => {
     label.textContent = `layer ${pick.value} · ${attention.shape[1]} heads over ${attention.shape[2]} of ${attention.kv_length} positions`;
     drawHeads(heatmap, run, attention, Number(pick.value));
-    lens.replaceChildren(lensTable(detail, Number(pick.value)));
+    halves.draw(run, { detail, kv_length: attention.kv_length }, Number(pick.value));
   };
   pick.addEventListener("input", paint);
   paint();

@@ -87,6 +87,10 @@ def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screensh
     page.wait_for_selector("#inspection canvas", timeout=30000)
     assert "9 heads over 32 of 32 positions" in page.inner_text("#inspection")  # 27 prompt tokens + 5 generated
     assert page.locator("#inspection .lens tbody tr").count() == 30
+    # both halves of every layer and the picked layer's neurons, recomputed
+    assert page.locator("#inspection .neurons li").count() == 8 and "layer 29:" in page.inner_text("#inspection")
+    page.click("#inspection .chart + details.numbers summary")
+    assert page.locator("#inspection .chart + details.numbers tbody tr").count() == 30
     screenshot(page.locator("#token-dialog"), "token-detail")
 
 
