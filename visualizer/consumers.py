@@ -13,7 +13,8 @@ from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from visualizer.runs import Run, Visitor, inspect
+from visualizer.questions import inspect, resample
+from visualizer.runs import Run, Visitor
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.json_input import BadJSON, loads_object
 from webapp.gateway.watch import WATCH_GROUP, watcher_joined, watcher_left
@@ -78,10 +79,12 @@ class PipelineConsumer(FrameConsumer):
             await self.run.cancel()
         elif kind == "inspect":
             await self.send_frame(await inspect(self._visitor(), frame))
+        elif kind == "resample":
+            await self.send_frame(await resample(self._visitor(), frame))
         elif kind == "ping":
             await self.send_frame({"type": "pong"})
         elif kind not in ("next", "cancel"):
-            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect or ping.", "unknown_type")
+            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, resample or ping.", "unknown_type")
 
     async def _forward(self, run: Run) -> None:
         async for frame in run.frames():

@@ -109,22 +109,3 @@ class Run:
             )
             self.payload["conversation"] = conversation.pk
         conversation.add_exchange(question, answer, request_id)
-
-
-async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
-    """The page asks for more: full-level detail of one token after the fact, through the same gateway."""
-    turn = Turn("ws.inspect", visitor.client_ip)
-    try:
-        turn.authenticated(identify_session(visitor.user_id, visitor.session_key, visitor.client_ip), time.perf_counter())
-        route = await turn.admit(str(frame.get("model", "default")))
-        ids = frame.get("ids")
-        if not isinstance(ids, list):
-            raise bad_request("'ids' must be a list of token ids.", "ids")
-        turn.usage.prompt_tokens = len(ids)
-        detail = await client.inspect(route, ids)  # the worker checks each id against its vocabulary
-        return {"type": "inspection", "step": frame.get("step"), "detail": detail}
-    except Exception as exc:
-        error = turn.fail(exc)
-        return {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
-    finally:
-        await turn.settle()

@@ -155,6 +155,33 @@ def test_the_page_can_ask_for_full_detail_after_the_fact(with_worker: Any) -> No
     with_worker(body)
 
 
+def test_the_page_can_ask_what_if_a_step_had_been_sampled_otherwise(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to(CHAT)
+        frames = await _until(ws, "done")
+        events = [f["event"] for f in frames if f["type"] == "trace"]
+        prompt = next(e["ids"] for e in events if e["event"] == "tokenized")
+        run = [e["token_id"] for e in events if e["event"] == "sampled"]
+        last = len(run)  # the last step, drawn again after the tokens before it
+        question = {"type": "resample", "model": "tiny", "prompt_ids": prompt, "generated": run[:-1], "step": last}
+        await ws.send_json_to({**question, "temperature": 0})
+        same = await ws.receive_json_from(timeout=30)
+        assert same["type"] == "resampled" and same["step"] == last and same["event"]["token_id"] == run[-1]
+        await ws.send_json_to({**question, "temperature": 1.0, "top_k": 1, "seed": 5})
+        only_best = await ws.receive_json_from(timeout=30)
+        assert only_best["event"]["detail"]["kept"] == 1 and only_best["event"]["token_id"] == run[-1]
+        await ws.send_json_to({**question, "temperature": 9})
+        error = await ws.receive_json_from(timeout=30)
+        assert error["type"] == "error" and error["param"] == "temperature"
+        await ws.send_json_to({**question, "generated": [99999]})
+        error = await ws.receive_json_from(timeout=30)
+        assert error["type"] == "error" and "'generated'" in error["message"]
+
+    with_worker(body)
+    rows = list(UsageRecord.objects.filter(endpoint="ws.resample").order_by("id").values_list("status", flat=True))
+    assert rows == [200, 200, 400, 400]  # one usage row per question, answered or refused
+
+
 def test_an_unexpected_failure_mid_turn_gets_an_error_frame_and_an_error_row(with_worker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The page's turn runs the gateway's one lifecycle: a bug anywhere in generation is a server_error frame (without its
     internal text), then the usage frame and done; the usage row says 500."""

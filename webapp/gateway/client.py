@@ -21,7 +21,7 @@ from inference.params import SamplingParams
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.routing import ModelRoute
 from webapp.worker import registry
-from webapp.worker.protocol import DetokenizeRequest, GenerateRequest, InspectRequest, TokenizeRequest, WorkerStatus, params_to_dict
+from webapp.worker.protocol import DetokenizeRequest, GenerateRequest, InspectRequest, ResampleRequest, TokenizeRequest, WorkerStatus, params_to_dict
 
 
 def new_request_id() -> str:
@@ -284,6 +284,14 @@ async def detokenize(route: ModelRoute, ids: list[int]) -> str:
     message: DetokenizeRequest = {"type": "detokenize", "model": route.id, "request_id": "", "reply_to": "", "ids": ids}
     text: str = (await _ask(route, dict(message), "text"))["text"]
     return text
+
+
+async def resample(route: ModelRoute, prompt_ids: list[int], generated: list[int], params: SamplingParams) -> dict[str, Any]:
+    """The sampled event of a past step drawn again with `params` (after `prompt_ids` + `generated`), by the worker."""
+    message: ResampleRequest = {"type": "resample", "model": route.id, "request_id": "", "reply_to": "", "prompt_ids": prompt_ids,
+                                "generated": generated, "params": params_to_dict(params)}
+    event: dict[str, Any] = (await _ask(route, dict(message), "resampled"))["event"]
+    return event
 
 
 async def inspect(route: ModelRoute, ids: list[int]) -> dict[str, Any]:

@@ -87,6 +87,18 @@ class InspectRequest(TypedDict):
     sent_at: float
 
 
+class ResampleRequest(TypedDict):
+    """What if a past step had been sampled with `params`: the tokens before it (prompt, then output)."""
+
+    type: Literal["resample"]
+    model: str
+    request_id: str
+    reply_to: str
+    prompt_ids: list[int]
+    generated: list[int]
+    params: SamplingDict
+
+
 class CancelMessage(TypedDict):
     type: Literal["cancel"]
     request_id: str
@@ -181,7 +193,13 @@ class InspectionReply(TypedDict):
     detail: dict[str, Any]
 
 
-Reply = Queued | Waiting | Accepted | EventsReply | ErrorReply | CancelledReply | TokensReply | InspectionReply
+class ResampledReply(TypedDict):
+    type: Literal["resampled"]
+    request_id: str
+    event: dict[str, Any]  # a "sampled" trace event, as the page draws a live one
+
+
+Reply = Queued | Waiting | Accepted | EventsReply | ErrorReply | CancelledReply | TokensReply | InspectionReply | ResampledReply
 
 
 # --- what a worker reports about itself -------------------------------------------------------

@@ -37,6 +37,7 @@ from webapp.worker.protocol import (
     GenerateRequest,
     InspectRequest,
     ModelSlots,
+    ResampleRequest,
     TokenizeRequest,
     TokensReply,
     error_reply,
@@ -176,6 +177,9 @@ class EngineRunner:
 
     def inspect(self, model_id: str, message: InspectRequest) -> None:
         self._commands.put(("inspect", (model_id, message)))
+
+    def resample(self, model_id: str, message: ResampleRequest) -> None:
+        self._commands.put(("resample", (model_id, message)))
 
     def cancel(self, request_id: str) -> None:
         """Stop a request (its client left); it leaves the batch at the next step."""
@@ -334,15 +338,8 @@ class EngineRunner:
         """Recompute the full-level detail for the last position of the given ids, and reply with it."""
         model_id, message = arg
         served = self.models[model_id]
-        ids = message.get("ids")
-        config = served.pipeline.loaded.config
         try:
-            if (
-                not isinstance(ids, list)
-                or not 1 <= len(ids) <= config.context_length
-                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size for i in ids)
-            ):
-                raise InvalidRequestError(f"'ids' must be 1 to {config.context_length} token ids below {config.vocab_size}", "ids")
+            ids = self._checked_ids(served, message.get("ids"), "ids")
             detail = served.scheduler.inspect(ids)
         except Exception as exc:
             self._emit(message["reply_to"], error_reply(message["request_id"], exc))
@@ -350,6 +347,36 @@ class EngineRunner:
         tokenizer = served.pipeline.loaded.tokenizer
         self._emit(message["reply_to"], {"type": "inspection", "request_id": message["request_id"],
                                          "detail": detail_to_dict(detail, tokenizer, INSPECT_BUDGET_POSITIONS)})
+
+    def _on_resample(self, arg: tuple[str, ResampleRequest]) -> None:
+        """Draw a past step again with other settings, from its real logits; reply with the sampled event."""
+        model_id, message = arg
+        served = self.models[model_id]
+        try:
+            prompt = self._checked_ids(served, message.get("prompt_ids"), "prompt_ids")
+            generated = self._checked_ids(served, message.get("generated"), "generated", at_least=0, before=len(prompt))
+            sample = served.scheduler.resample(prompt, generated, params_from_dict(message["params"]))
+        except Exception as exc:
+            self._emit(message["reply_to"], error_reply(message["request_id"], exc))
+            return
+        event = Sampled(time.perf_counter(), len(generated) + 1, sample.token_id, sample.logprob, sample.rank,
+                        sample.token_id in served.scheduler.stop_ids, 0.0, sample.top_logprobs, sample.detail)
+        self._emit(message["reply_to"], {"type": "resampled", "request_id": message["request_id"],
+                                         "event": event_to_dict(event, served.pipeline.loaded.tokenizer)})
+
+    @staticmethod
+    def _checked_ids(served: Served, ids: object, name: str, at_least: int = 1, before: int = 0) -> list[int]:
+        """Token ids from a message: a list of at least `at_least` ids of this vocabulary that fit the context
+        after `before` others."""
+        config = served.pipeline.loaded.config
+        room = config.context_length - before
+        if (
+            not isinstance(ids, list)
+            or not at_least <= len(ids) <= room
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size for i in ids)
+        ):
+            raise InvalidRequestError(f"'{name}' must be {at_least} to {room} token ids below {config.vocab_size}", name)
+        return ids
 
     def _deliver(self, model_id: str, served: Served, outputs: list[SequenceOutput]) -> None:
         """Send each sequence's events, in order; the end of a sequence ends its job."""

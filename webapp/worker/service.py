@@ -230,5 +230,7 @@ async def _route(layer: BaseChannelLayer, message: dict[str, Any], model_id: str
         runner.detokenize(model_id, message)  # type: ignore[arg-type]
     elif kind == "inspect":
         runner.inspect(model_id, message)  # type: ignore[arg-type]
+    elif kind == "resample":
+        runner.resample(model_id, message)  # type: ignore[arg-type]
     else:
         log.warning("ignoring message of type %r for %s", kind, model_id)

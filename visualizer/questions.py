@@ -1,0 +1,75 @@
+"""One-shot questions the page asks the worker about a step of a finished run, through the same gateway as a turn.
+
+"inspect": the full-level detail (attention, norms, logit lens) of one token, recomputed.
+"resample": what if that step had been drawn with other settings — the step's real logits, recomputed from
+the tokens before it, through the sampler with the new temperature, top-k, top-p, min-p or penalties.
+Each answers with one frame ("inspection" / "resampled", or "error") and leaves one usage row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Awaitable, Callable, Literal
+
+from pydantic import Field
+
+from webapp.api.protocol import SamplingFields, parse
+from webapp.gateway import client
+from webapp.gateway.errors import bad_request
+from webapp.gateway.identity import identify_session
+from webapp.gateway.lifecycle import Turn
+from webapp.gateway.routing import ModelRoute
+from visualizer.runs import Visitor
+
+MAX_IDS = 1_000_000  # the worker checks ids against its vocabulary and context length
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class ResampleFrame(SamplingFields):
+    """{"type": "resample", "model", "step", "prompt_ids", "generated", and the sampling fields to change}."""
+
+    type: Literal["resample"]
+    model: str = Field("default", min_length=1)
+    step: int | None = None  # echoed, so the page knows which step the answer is about
+    prompt_ids: list[TokenId] = Field(min_length=1, max_length=MAX_IDS)
+    generated: list[TokenId] = Field(default_factory=list, max_length=MAX_IDS)
+
+
+async def _ask(visitor: Visitor, endpoint: str, model: object, work: Callable[[Turn, ModelRoute], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """Authenticate the visitor, admit the model, run `work`; an error frame for any failure; always settled."""
+    turn = Turn(endpoint, visitor.client_ip)
+    try:
+        turn.authenticated(identify_session(visitor.user_id, visitor.session_key, visitor.client_ip), time.perf_counter())
+        route = await turn.admit(str(model or "default"))
+        return await work(turn, route)
+    except Exception as exc:
+        error = turn.fail(exc)
+        return {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
+    finally:
+        await turn.settle()
+
+
+async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
+    """The page asks for more: full-level detail of one token after the fact."""
+
+    async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
+        ids = frame.get("ids")
+        if not isinstance(ids, list):
+            raise bad_request("'ids' must be a list of token ids.", "ids")
+        turn.usage.prompt_tokens = len(ids)
+        detail = await client.inspect(route, ids)  # the worker checks each id against its vocabulary
+        return {"type": "inspection", "step": frame.get("step"), "detail": detail}
+
+    return await _ask(visitor, "ws.inspect", frame.get("model"), work)
+
+
+async def resample(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
+    """What if: one step drawn again with other sampling settings, on its real logits."""
+
+    async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
+        request: ResampleFrame = parse(ResampleFrame, frame)
+        turn.usage.prompt_tokens = len(request.prompt_ids) + len(request.generated)
+        event = await client.resample(route, request.prompt_ids, request.generated, request.sampling(max_tokens=1))
+        return {"type": "resampled", "step": request.step, "event": event}
+
+    return await _ask(visitor, "ws.resample", frame.get("model"), work)
