@@ -6,6 +6,7 @@ import { roving } from "./roving.js";
 import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
 import { Tour } from "./tour.js";
+import { showResampled, whatIfPanel } from "./what_if.js";
 
 const $ = (id) => document.getElementById(id);
 const state = { run: null, lastRun: null, imported: null, conversation: null, history: [], bubble: null };
@@ -23,6 +24,11 @@ const socket = new PipelineSocket("/ws/pipeline/", {
     if (frame.type === "hello" || frame.type === "pong") return;
     if (frame.type === "inspection" || (frame.type === "error" && state.inspecting)) {
       showInspection(frame);
+      return;
+    }
+    if (frame.type === "resampled" || (frame.type === "error" && state.resampling)) {
+      state.resampling = false;
+      showResampled(frame);
       return;
     }
     if (!state.run) {
@@ -198,7 +204,8 @@ $("bubbles").addEventListener("click", (event) => {
   const step = Number(token.dataset.step);
   const more = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
   more.addEventListener("click", () => inspectToken(run, step, more));
-  $("token-detail").replaceChildren(tokenDetail(run, step), more, el("div", { id: "inspection" }));
+  const whatIf = run.tokenized ? whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }) : "";
+  $("token-detail").replaceChildren(tokenDetail(run, step), whatIf, more, el("div", { id: "inspection" }));
   $("token-dialog").showModal();
 });
 

@@ -94,6 +94,29 @@ def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screensh
     screenshot(page.locator("#token-dialog"), "token-detail")
 
 
+def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page: Any, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?")
+    wait_done(page)
+    page.locator(".bubble.assistant .tok").nth(5).click()  # token 6: " New" 32.9 %, " Mumbai" 29.4 %
+    result = page.locator('#what-if [data-field="what-if-result"]')
+
+    def draw(**settings: float) -> str:
+        for name, value in settings.items():
+            page.fill(f'#what-if input[name="{name}"]', str(value))
+        page.click('#what-if button[type="submit"]')
+        page.wait_for_function("!document.querySelector('#what-if button[type=submit]').disabled", timeout=30000)
+        return str(result.inner_text())
+
+    greedy = draw(temperature=0)
+    assert "Drawn: ·New" in greedy and "The same token as the answer got." in greedy
+    assert "·Mumbai" in page.inner_text("#what-if table")  # the runner-up, with its probability under these settings
+    assert "1 tokens left" in draw(temperature=1, min_p=0.95)  # only the likeliest survives min-p
+    other = next((o for o in (draw(temperature=2, top_k=2, min_p=0, seed=seed) for seed in range(1, 6)) if "Drawn: ·Mumbai" in o), "")
+    assert "A different token" in other  # two near-equal candidates left: some seed picks the other (the page's rate limit allows 10 asks a minute)
+    assert "temperature" in draw(temperature=9)  # out of range: the gateway's error, in the panel
+    screenshot(page.locator("#token-dialog"), "what-if")
+
+
 def test_step_mode_advances_one_token_per_click(page: Any, screenshot: Any) -> None:
     ask(page, "What's the capital of India?", speed="step")
     page.wait_for_function("document.querySelectorAll('.bubble.assistant .tok').length === 1", timeout=30000)
