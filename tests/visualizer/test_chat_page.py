@@ -237,6 +237,7 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     # the chart: one bar pair per layer, its numbers those of the trace
     halves = page.locator(f'{forward} [data-field="halves"] + details.numbers')
     halves.locator("summary").click()
+    halves.locator("tbody tr").nth(29).wait_for(timeout=10000)  # drawn on the next animation frame
     assert halves.locator("thead th").all_inner_texts() == ["layer", "attention ‖Δh‖", "feed-forward ‖Δh‖"]
     rows = halves.locator("tbody tr")
     assert rows.count() == 30
