@@ -31,6 +31,37 @@ def lens_layers(n_layers: int, count: int | None = LIVE_LENS_LAYERS) -> list[int
     return sorted({round((k + 1) * n_layers / count) - 1 for k in range(count)})
 
 
+def attention_weights(q: Tensor, k: Tensor) -> Tensor:
+    """A token's attention weights [H, S] over every position it sees, recomputed: q [H, hd], k [KV, S, hd]."""
+    n_kv, hd = k.shape[0], k.shape[2]
+    grouped = q.float().view(n_kv, -1, hd)  # [KV, group, hd]: the query heads that share each key head
+    scores = torch.bmm(grouped, k.float().transpose(1, 2)).flatten(0, 1) / math.sqrt(hd)  # [H, S]
+    return torch.softmax(scores, dim=-1)
+
+
+class PromptMatrixProbe:
+    """One layer's attention for every position of a recomputed prompt: weights [H, T, T], row i = position i's
+    query over positions 0..i (zeros after). Registered for every token of the pass; it ignores the rest."""
+
+    def __init__(self, layer: int, n_heads: int, length: int) -> None:
+        self.layer = layer
+        self.weights = torch.zeros(n_heads, length, length)
+
+    def on_residual(self, layer: int, h: Tensor) -> None:
+        pass
+
+    def on_mid_residual(self, layer: int, h: Tensor) -> None:
+        pass
+
+    def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
+        pass
+
+    def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
+        if layer == self.layer:
+            seen = k.shape[1]  # the query's own position + 1
+            self.weights[:, seen - 1, :seen] = attention_weights(q, k)
+
+
 class LayerProbe:
     """`lens`: the layers whose logit-lens guess to compute (default: `lens_layers`)."""
 
@@ -49,11 +80,7 @@ class LayerProbe:
         self._mid.append(h.float())  # [dim]
 
     def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
-        """Recompute the token's attention weights over every position it sees: q [H, hd], k [KV, S, hd]."""
-        n_kv, hd = k.shape[0], k.shape[2]
-        grouped = q.float().view(n_kv, -1, hd)  # [KV, group, hd]: the query heads that share each key head
-        scores = torch.bmm(grouped, k.float().transpose(1, 2)).flatten(0, 1) / math.sqrt(hd)  # [H, S]
-        self._attention.append(torch.softmax(scores, dim=-1))
+        self._attention.append(attention_weights(q, k))
 
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
         self._gates.append(gate.clone())  # [ffn], not a view that would keep the whole batch's projection alive;

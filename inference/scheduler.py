@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -26,10 +26,10 @@ from torch import Tensor
 from inference.batch import Chunk
 from inference.errors import InferenceError, InvalidRequestError
 from inference.kv_cache import round_capacity
-from inference.model import Transformer
+from inference.model import ForwardProbe, Transformer
 from inference.params import SamplingParams
 from inference.prefix_cache import PrefixCache
-from inference.probe import LayerProbe, lens_layers
+from inference.probe import LayerProbe, PromptMatrixProbe, lens_layers
 from inference.sampling import Sample, Sampler
 from inference.sequence import DETAIL_TOP_N, Phase, SequenceRequest, SequenceState
 from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
@@ -253,6 +253,17 @@ class Scheduler:
         return probe.detail(self.model)
 
     @torch.inference_mode()
+    def prompt_attention(self, ids: Sequence[int], layer: int) -> Tensor:
+        """The prefill's full token x token attention at `layer` for `ids`: [H, T, T], recomputed in a cache of its
+        own (a live trace keeps the row of the token each pass fed last; this is every row, on demand)."""
+        c = self.model.config
+        if not 0 <= layer < c.n_layers:
+            raise InvalidRequestError(f"'layer' must be 0 to {c.n_layers - 1}", "layer")
+        probe = PromptMatrixProbe(layer, c.n_heads, len(ids))
+        self._last_logits(ids, {i: probe for i in range(len(ids))})
+        return probe.weights
+
+    @torch.inference_mode()
     def resample(self, prompt_ids: Sequence[int], generated: Sequence[int], params: SamplingParams) -> Sample:
         """What if a past step had been sampled otherwise: the next token after `prompt_ids` + `generated`,
         drawn with `params` (penalties see `generated` as the output so far) from that step's real logits,
@@ -263,7 +274,7 @@ class Scheduler:
             sampler.observe(token)
         return sampler.sample(self._last_logits(ids, {}), DETAIL_TOP_N)
 
-    def _last_logits(self, ids: Sequence[int], probes: dict[int, LayerProbe]) -> Tensor:
+    def _last_logits(self, ids: Sequence[int], probes: Mapping[int, ForwardProbe]) -> Tensor:
         """float32 logits [V] after `ids`, computed in a cache of their own (the running batch is untouched)."""
         cache = self.model.new_cache(1, len(ids))
         plan = self.model.plan([Chunk(0, 0, len(ids))])

@@ -13,7 +13,7 @@ from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from visualizer.questions import inspect, resample
+from visualizer.questions import inspect, prompt_attention, resample
 from visualizer.runs import Run, Visitor
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.json_input import BadJSON, loads_object
@@ -81,10 +81,12 @@ class PipelineConsumer(FrameConsumer):
             await self.send_frame(await inspect(self._visitor(), frame))
         elif kind == "resample":
             await self.send_frame(await resample(self._visitor(), frame))
+        elif kind == "prompt_attention":
+            await self.send_frame(await prompt_attention(self._visitor(), frame))
         elif kind == "ping":
             await self.send_frame({"type": "pong"})
         elif kind not in ("next", "cancel"):
-            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, resample or ping.", "unknown_type")
+            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, prompt_attention, resample or ping.", "unknown_type")
 
     async def _forward(self, run: Run) -> None:
         async for frame in run.frames():

@@ -1,9 +1,10 @@
 """One-shot questions the page asks the worker about a step of a finished run, through the same gateway as a turn.
 
 "inspect": the full-level detail (attention, norms, logit lens) of one token, recomputed.
+"prompt_attention": the prefill's full token x token attention at one layer (a live trace keeps one row per pass).
 "resample": what if that step had been drawn with other settings — the step's real logits, recomputed from
 the tokens before it, through the sampler with the new temperature, top-k, top-p, min-p or penalties.
-Each answers with one frame ("inspection" / "resampled", or "error") and leaves one usage row.
+Each answers with one frame ("inspection" / "prompt_attention" / "resampled", or "error") and leaves one usage row.
 """
 
 from __future__ import annotations
@@ -61,6 +62,22 @@ async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
         return {"type": "inspection", "step": frame.get("step"), "detail": detail}
 
     return await _ask(visitor, "ws.inspect", frame.get("model"), work)
+
+
+async def prompt_attention(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
+    """Every prompt position's attention at one layer, recomputed: the matrix the live trace has one row of."""
+
+    async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
+        ids, layer = frame.get("ids"), frame.get("layer")
+        if not isinstance(ids, list):
+            raise bad_request("'ids' must be a list of token ids.", "ids")
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise bad_request("'layer' must be a layer number.", "layer")
+        turn.usage.prompt_tokens = len(ids)
+        attention = await client.prompt_attention(route, ids, layer)  # the worker checks the ids and the layer's range
+        return {"type": "prompt_attention", "layer": layer, "attention": attention}
+
+    return await _ask(visitor, "ws.prompt_attention", frame.get("model"), work)
 
 
 async def resample(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:

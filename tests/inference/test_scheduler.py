@@ -7,7 +7,9 @@ import dataclasses
 from typing import Any
 
 import pytest
+import torch
 
+from inference.errors import InvalidRequestError
 from inference.loader import LoadedModel
 from inference.params import SamplingParams
 from inference.scheduler import QueueFullError, Scheduler, SchedulerConfig, SequenceOutput
@@ -301,3 +303,20 @@ def test_penalties_in_a_resample_see_the_tokens_generated_before_that_step(tiny_
     assert free.token_id == run[5]
     assert barred.token_id not in run[:5] + prompt  # earlier outputs penalised, the prompt's tokens biased away
     assert barred.detail is not None and all(c.token_id not in prompt or c.adjusted_prob < 1e-6 for c in barred.detail.candidates)
+
+
+def test_the_prompts_full_attention_matrix_matches_each_positions_own_row(tiny_model: LoadedModel) -> None:
+    """Row i of the recomputed matrix is what a full-level probe of position i alone records at that layer."""
+    from inference.probe import LayerProbe
+
+    prompt = PROMPTS[3]
+    scheduler = _scheduler(tiny_model)
+    matrix = scheduler.prompt_attention(prompt, layer=1)  # [H, T, T]
+    assert matrix.shape == (tiny_model.config.n_heads, len(prompt), len(prompt))
+    for i in (0, 4, len(prompt) - 1):
+        row = torch.from_numpy(scheduler.inspect(prompt[: i + 1]).attention[1].astype("float32"))  # [H, i + 1], float16 in the detail
+        assert torch.allclose(matrix[:, i, : i + 1], row, atol=2e-3)
+        assert float(matrix[:, i, i + 1 :].abs().sum()) == 0.0  # causal: nothing after the query
+    assert torch.allclose(matrix.sum(dim=-1), torch.ones(matrix.shape[:2]), atol=1e-5)
+    with pytest.raises(InvalidRequestError, match="'layer'"):
+        scheduler.prompt_attention(prompt, layer=tiny_model.config.n_layers)

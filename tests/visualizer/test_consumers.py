@@ -155,6 +155,21 @@ def test_the_page_can_ask_for_full_detail_after_the_fact(with_worker: Any) -> No
     with_worker(body)
 
 
+def test_the_page_can_ask_for_the_prompts_full_attention_matrix(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({"type": "prompt_attention", "model": "tiny", "ids": [1, 50, 60, 70, 80], "layer": 1})
+        frame = await ws.receive_json_from(timeout=30)
+        assert frame["type"] == "prompt_attention" and frame["layer"] == 1
+        assert frame["attention"]["shape"] == [4, 5, 5] and frame["attention"]["positions"] == [0, 1, 2, 3, 4]
+        for layer, words in ((2, "'layer' must be 0 to 1"), ("top", "'layer' must be a layer number")):
+            await ws.send_json_to({"type": "prompt_attention", "model": "tiny", "ids": [1, 50], "layer": layer})
+            error = await ws.receive_json_from(timeout=30)
+            assert error["type"] == "error" and words in error["message"]
+
+    with_worker(body)
+    assert list(UsageRecord.objects.filter(endpoint="ws.prompt_attention").order_by("id").values_list("status", flat=True)) == [200, 400, 400]
+
+
 def test_the_page_can_ask_what_if_a_step_had_been_sampled_otherwise(with_worker: Any) -> None:
     async def body(ws: WebsocketCommunicator) -> None:
         await ws.send_json_to(CHAT)

@@ -21,7 +21,7 @@ from inference.params import SamplingParams
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.routing import ModelRoute
 from webapp.worker import registry
-from webapp.worker.protocol import DetokenizeRequest, GenerateRequest, InspectRequest, ResampleRequest, TokenizeRequest, WorkerStatus, params_to_dict
+from webapp.worker.protocol import DetokenizeRequest, GenerateRequest, InspectRequest, PromptAttentionRequest, ResampleRequest, TokenizeRequest, WorkerStatus, params_to_dict
 
 
 def new_request_id() -> str:
@@ -284,6 +284,13 @@ async def detokenize(route: ModelRoute, ids: list[int]) -> str:
     message: DetokenizeRequest = {"type": "detokenize", "model": route.id, "request_id": "", "reply_to": "", "ids": ids}
     text: str = (await _ask(route, dict(message), "text"))["text"]
     return text
+
+
+async def prompt_attention(route: ModelRoute, ids: list[int], layer: int) -> dict[str, Any]:
+    """The prefill's token x token attention at `layer` for the prompt `ids` (its first 256 positions), by the worker."""
+    message: PromptAttentionRequest = {"type": "prompt_attention", "model": route.id, "request_id": "", "reply_to": "", "ids": ids, "layer": layer}
+    attention: dict[str, Any] = (await _ask(route, dict(message), "prompt_attention"))["attention"]
+    return attention
 
 
 async def resample(route: ModelRoute, prompt_ids: list[int], generated: list[int], params: SamplingParams) -> dict[str, Any]:

@@ -87,6 +87,17 @@ class InspectRequest(TypedDict):
     sent_at: float
 
 
+class PromptAttentionRequest(TypedDict):
+    """The prefill's full token x token attention at one layer, for the first `ids` (the prompt)."""
+
+    type: Literal["prompt_attention"]
+    model: str
+    request_id: str
+    reply_to: str
+    ids: list[int]
+    layer: int
+
+
 class ResampleRequest(TypedDict):
     """What if a past step had been sampled with `params`: the tokens before it (prompt, then output)."""
 
@@ -193,13 +204,19 @@ class InspectionReply(TypedDict):
     detail: dict[str, Any]
 
 
+class PromptAttentionReply(TypedDict):
+    type: Literal["prompt_attention"]
+    request_id: str
+    attention: dict[str, Any]  # [heads, query positions, key positions], encoded as the trace's attention rows
+
+
 class ResampledReply(TypedDict):
     type: Literal["resampled"]
     request_id: str
     event: dict[str, Any]  # a "sampled" trace event, as the page draws a live one
 
 
-Reply = Queued | Waiting | Accepted | EventsReply | ErrorReply | CancelledReply | TokensReply | InspectionReply | ResampledReply
+Reply = Queued | Waiting | Accepted | EventsReply | ErrorReply | CancelledReply | TokensReply | InspectionReply | ResampledReply | PromptAttentionReply
 
 
 # --- what a worker reports about itself -------------------------------------------------------

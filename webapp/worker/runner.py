@@ -29,7 +29,7 @@ from inference.scheduler import KVBudgetExceededError, QueueFullError, Scheduler
 from inference.sequence import SequenceRequest
 from inference.tokenizer import BPETokenizer
 from inference.trace import Sampled, TraceLevel
-from inference.trace_json import detail_to_dict, event_to_dict
+from inference.trace_json import attention_to_dict, detail_to_dict, event_to_dict
 from webapp.metrics import metrics
 from webapp.worker.protocol import (
     Accepted,
@@ -37,6 +37,7 @@ from webapp.worker.protocol import (
     GenerateRequest,
     InspectRequest,
     ModelSlots,
+    PromptAttentionRequest,
     ResampleRequest,
     TokenizeRequest,
     TokensReply,
@@ -46,6 +47,7 @@ from webapp.worker.protocol import (
 )
 
 log = logging.getLogger("roundtrip.worker")
+PROMPT_MATRIX_POSITIONS = 256  # the prompt's token x token matrix covers at most its first this many positions
 STEP_IDLE_LIMIT = 1800.0  # seconds a step-mode request may wait for "next" before it is dropped
 INSPECT_BUDGET_POSITIONS = 2048  # asked for on purpose, one token at a time: a bigger budget than live frames
 Emit = Callable[[str, Mapping[str, Any]], None]
@@ -177,6 +179,9 @@ class EngineRunner:
 
     def inspect(self, model_id: str, message: InspectRequest) -> None:
         self._commands.put(("inspect", (model_id, message)))
+
+    def prompt_attention(self, model_id: str, message: PromptAttentionRequest) -> None:
+        self._commands.put(("prompt_attention", (model_id, message)))
 
     def resample(self, model_id: str, message: ResampleRequest) -> None:
         self._commands.put(("resample", (model_id, message)))
@@ -347,6 +352,22 @@ class EngineRunner:
         tokenizer = served.pipeline.loaded.tokenizer
         self._emit(message["reply_to"], {"type": "inspection", "request_id": message["request_id"],
                                          "detail": detail_to_dict(detail, tokenizer, INSPECT_BUDGET_POSITIONS)})
+
+    def _on_prompt_attention(self, arg: tuple[str, PromptAttentionRequest]) -> None:
+        """Recompute the prompt with every position's attention at one layer; reply with the matrix."""
+        model_id, message = arg
+        served = self.models[model_id]
+        try:
+            ids = self._checked_ids(served, message.get("ids"), "ids")[:PROMPT_MATRIX_POSITIONS]
+            layer = message.get("layer")
+            if not isinstance(layer, int) or isinstance(layer, bool):
+                raise InvalidRequestError("'layer' must be a layer number", "layer")
+            weights = served.scheduler.prompt_attention(ids, layer)
+        except Exception as exc:
+            self._emit(message["reply_to"], error_reply(message["request_id"], exc))
+            return
+        self._emit(message["reply_to"], {"type": "prompt_attention", "request_id": message["request_id"],
+                                         "attention": attention_to_dict(weights.numpy(), PROMPT_MATRIX_POSITIONS)})
 
     def _on_resample(self, arg: tuple[str, ResampleRequest]) -> None:
         """Draw a past step again with other settings, from its real logits; reply with the sampled event."""

@@ -232,5 +232,7 @@ async def _route(layer: BaseChannelLayer, message: dict[str, Any], model_id: str
         runner.inspect(model_id, message)  # type: ignore[arg-type]
     elif kind == "resample":
         runner.resample(model_id, message)  # type: ignore[arg-type]
+    elif kind == "prompt_attention":
+        runner.prompt_attention(model_id, message)  # type: ignore[arg-type]
     else:
         log.warning("ignoring message of type %r for %s", kind, model_id)
