@@ -12,6 +12,10 @@ const $ = (id) => document.getElementById(id);
 const state = { run: null, lastRun: null, imported: null, conversation: null, history: [], bubble: null };
 
 const tour = new Tour($("tour"));
+document.addEventListener("roundtrip:ask", (event) => { // a view asks the worker something about the shown run
+  state.asking = true;
+  socket.send(event.detail);
+});
 const player = new Player((run) => {
   drawRun(run);
   drawBubble(run);
@@ -24,6 +28,11 @@ const socket = new PipelineSocket("/ws/pipeline/", {
     if (frame.type === "hello" || frame.type === "pong") return;
     if (frame.type === "inspection" || (frame.type === "error" && state.inspecting)) {
       showInspection(frame);
+      return;
+    }
+    if (frame.type === "prompt_attention" || (frame.type === "error" && state.asking)) {
+      state.asking = false;
+      document.dispatchEvent(new CustomEvent("roundtrip:prompt-attention", { detail: frame }));
       return;
     }
     if (frame.type === "resampled" || (frame.type === "error" && state.resampling)) {

@@ -1,7 +1,9 @@
 // The forward stage's attention at `full` level, for a chosen layer, head and query token: every head of the layer
 // as a labelled heatmap, the head view (bertviz-like lines), the token × token matrix of the chosen head (one row
 // per token the run fed: the prompt's last token, then each answer token; the trace has no rows for the other
-// prompt tokens), and the layer × head overview. Built from the run's forward events only, so replay shows it too.
+// prompt tokens, which the worker recomputes for one layer on demand), and the layer × head overview. Built from the
+// run's forward events, so replay shows it too. The on-demand matrix goes out as a "roundtrip:ask" document event
+// (the page's socket sends it) and comes back as "roundtrip:prompt-attention".
 import { el, field } from "./dom.js";
 import { attentionCell, drawHeads, groupSize, headLabel, positionLabel, queryPosition } from "./attention.js";
 import { HeadView } from "./head_view.js";
@@ -17,13 +19,16 @@ export class AttentionView {
     this.heads = new Heatmap(field("forward", "heads"), "attention of every head of the layer for the query token");
     this.headView = new HeadView(field("forward", "head-view"), (position) => this.pickQuery(position));
     this.matrix = new Heatmap(field("forward", "matrix"), "attention of the chosen head, query token by key token",
-      (r) => this.pickQuery(queryPosition(this.rows[r])));
+      (r) => this.pickRow(r));
     this.overview = new Heatmap(field("forward", "overview"), "largest attention weight of every head in every layer", (h, layer) => {
       field("forward", "layer-pick").value = String(layer);
       field("forward", "head-pick").value = String(h);
       this.paint();
     });
     for (const name of ["layer-pick", "head-pick", "group-pick"]) field("forward", name).oninput = () => this.paint();
+    this.prompt = null; // {run, layer, attention [heads, T, T]}: every prompt row of one layer, recomputed
+    field("forward", "matrix-full").onclick = () => this.askPromptRows();
+    document.addEventListener("roundtrip:prompt-attention", (event) => this.receivePromptRows(event.detail));
     field("forward", "query-pick").onchange = (event) => this.pickQuery(event.target.value === "" ? null : Number(event.target.value));
   }
 
@@ -47,6 +52,36 @@ export class AttentionView {
     );
     queryPick.value = this.query === null ? "" : String(this.query);
     this.paint();
+  }
+
+  askPromptRows() {
+    const layer = this.layer();
+    this.asked = { run: this.run, layer };
+    field("forward", "matrix-status").textContent = `recomputing layer ${layer} for every prompt token…`;
+    document.dispatchEvent(new CustomEvent("roundtrip:ask", {
+      detail: { type: "prompt_attention", model: this.run.request.model, ids: this.run.tokenized.ids, layer },
+    }));
+  }
+
+  receivePromptRows(frame) {
+    const status = field("forward", "matrix-status");
+    if (frame.type === "error") {
+      status.textContent = frame.message;
+      return;
+    }
+    this.prompt = { run: this.asked?.run, layer: frame.layer, attention: frame.attention };
+    status.textContent = `every prompt row of layer ${frame.layer}, recomputed (${frame.attention.shape[1]} positions)`;
+    this.paint();
+  }
+
+  layer() {
+    return Math.min(Number(field("forward", "layer-pick").value), this.selected().detail.attention.shape[0] - 1);
+  }
+
+  // A matrix row picked: the query it is, if the run carries that token's full detail (recomputed prompt rows do not).
+  pickRow(r) {
+    const position = this.matrixRows[r];
+    if (this.rows.some((f) => queryPosition(f) === position)) this.pickQuery(position);
   }
 
   pickQuery(position) {
@@ -83,19 +118,25 @@ export class AttentionView {
     this.onPaint(forward, layer);
   }
 
-  // The chosen head across the run: rows are query tokens, columns every position any of them saw.
+  // The chosen head across the run: rows are query tokens, columns every position any of them saw. With the prompt's
+  // rows recomputed for this layer, every prompt token is a row too.
   drawMatrix(layer, head) {
     const run = this.run;
-    const positions = [...new Set(this.rows.flatMap((f) => f.detail.attention.positions))].sort((a, b) => a - b);
-    const index = this.rows.map((f) => new Map(f.detail.attention.positions.map((p, i) => [p, i])));
-    const rows = this.rows.map((f) => positionLabel(run, queryPosition(f)));
+    const full = this.prompt?.run === run && this.prompt.layer === layer ? this.prompt.attention : null;
+    const promptRows = full ? full.shape[1] : 0;
+    const fed = this.rows.filter((f) => queryPosition(f) >= promptRows); // the prompt's last row comes from `full` then
+    const positions = [...new Set([...Array(promptRows).keys(), ...fed.flatMap((f) => f.detail.attention.positions)])].sort((a, b) => a - b);
+    const index = fed.map((f) => new Map(f.detail.attention.positions.map((p, i) => [p, i])));
+    const rows = [...Array(promptRows).keys()].map((p) => positionLabel(run, p)).concat(fed.map((f) => positionLabel(run, queryPosition(f))));
     const cols = positions.map((p) => positionLabel(run, p));
+    this.matrixRows = rows.map((label) => label.position);
     this.matrix.draw({
       rows,
       cols,
       cell: (r, c) => {
-        const i = index[r].get(positions[c]);
-        return i === undefined ? null : attentionCell(this.rows[r].detail.attention, layer, head, i);
+        if (r < promptRows) return positions[c] <= r ? attentionCell(full, head, r, positions[c]) : null; // [heads, T, T]
+        const i = index[r - promptRows].get(positions[c]);
+        return i === undefined ? null : attentionCell(fed[r - promptRows].detail.attention, layer, head, i);
       },
       describe: (r, c, cell) => `layer ${layer}, head ${head}: ${rows[r].title} → ${cols[c].title}: ` +
         (cell ? `weight ${cell.weight.toFixed(4)}` : "not attended (a later position, or outside the positions sent)"),

@@ -24,7 +24,7 @@ export function resetStages() {
   document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active", "pulse"));
   document.querySelectorAll(".stage [data-field]").forEach((node) => {
     if (node.tagName === "METER") node.value = 0;
-    else if (node.tagName !== "INPUT" && !node.classList.contains("chart")) node.replaceChildren();
+    else if (!["INPUT", "BUTTON"].includes(node.tagName) && !node.classList.contains("chart")) node.replaceChildren();
   });
   document.querySelectorAll(".stage .clock").forEach((c) => (c.textContent = ""));
   document.querySelector('#stage-forward [data-box="full"]').hidden = true;

@@ -225,6 +225,28 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any,
     assert page.locator(f"{heads} .hm-col").count() == 31
 
 
+def test_every_prompt_row_of_a_layer_is_recomputed_on_demand(page: Any, screenshot: Any) -> None:
+    ask(page, "What's the capital of India?", level="full")
+    wait_done(page)
+    forward = "#stage-forward"
+    matrix = f'{forward} [data-field="matrix"]'
+    assert page.locator(f"{matrix} .hm-row").count() == 9  # live: the prompt's last token, then the 8 tokens fed back
+    page.locator(f'{forward} [data-field="layer-pick"]').fill("3")
+    assert page.inner_text(f'{forward} [data-field="matrix-full"]').startswith("Every prompt row")
+    page.click(f'{forward} [data-field="matrix-full"]')
+    page.wait_for_function(f"document.querySelector('{forward} [data-field=\"matrix-status\"]').textContent.startsWith('every prompt row')",
+                           timeout=30000)
+    rows = page.locator(f"{matrix} .hm-row").all_inner_texts()
+    assert len(rows) == 27 + 8 and rows[0] == "<|im_start|>" and rows[19] == "·India" and rows[27] == "The"
+    numbers = page.locator(f"{matrix} details.numbers")  # a table row per key token, a column per query row
+    numbers.locator("summary").click()
+    on_first = numbers.locator("tbody tr").nth(0).locator("td").all_inner_texts()
+    on_second = numbers.locator("tbody tr").nth(1).locator("td").all_inner_texts()
+    assert on_first[0] == "1"  # position 0 sees only itself: all of its attention
+    assert on_second[0] == "—" and on_second[1] != "—"  # causal: position 1 is after the first query, not after the second
+    screenshot(page.locator(forward), "prompt-matrix")
+
+
 def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: Path, screenshot: Any) -> None:
     ask(page, "What's the capital of India?", level="full")
     wait_done(page)
