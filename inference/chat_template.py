@@ -87,11 +87,16 @@ class ChatTemplate:
         specials = sorted(tokenizer.special_ids, key=len, reverse=True)
         self._special_re = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None) -> Prompt:
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
+               continue_final: bool = False) -> Prompt:
         """Render and tokenize; raises InvalidRequestError for messages the template cannot take.
 
         Tools (function definitions) and tool messages go to a template that renders tools; for any
-        other template they are rewritten first (see `inference.tool_prompt`)."""
+        other template they are rewritten first (see `inference.tool_prompt`). `continue_final`: the last
+        message is an unfinished assistant answer; the prompt ends inside it, so generation goes on from its text."""
+        if continue_final and (not messages or messages[-1]["role"] != "assistant"):
+            raise InvalidRequestError("To continue the final message, the last message must be the assistant's.", "messages")
+        add_generation_prompt = add_generation_prompt and not continue_final
         native = template_takes_tools(self.source)
         if not native and (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)):
             messages = plain_messages(messages, tools)  # type: ignore[assignment]
@@ -108,6 +113,11 @@ class ChatTemplate:
         except TemplateError as exc:
             raise InvalidRequestError(f"The model's chat template rejected these messages: {exc}", "messages") from exc
         text, contents = _strip_sentinels(raw, opens, close)
+        if continue_final:  # cut what the template adds after the final message (its end-of-turn marker)
+            final = contents.get(len(messages) - 1)
+            if final is None:
+                raise InvalidRequestError("The model's chat template does not show the final message, so it cannot be continued.", "messages")
+            text = text[: final[1]]
         return self._tokenize(text, contents, messages)
 
     def plain(self, text: str) -> Prompt:

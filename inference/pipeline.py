@@ -50,11 +50,13 @@ class ChatPipeline:
         fit_max_tokens: bool = False,
         text: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final: bool = False,
     ) -> PreparedRequest:
         """Validate and tokenize; raises InvalidRequestError (or ContextLengthExceededError) on a bad request.
 
         `text` instead of messages: a raw prompt, without the chat template (legacy completions).
         `tools`: function definitions the model may call, shown to it as its template (or `inference.tool_prompt`) says.
+        `continue_final`: the last message is the assistant's unfinished answer, which generation continues.
 
         With truncate_history, the oldest turns after the system prompt are dropped until
         the prompt fits (the newest message always stays); the count is reported. With
@@ -76,7 +78,7 @@ class ChatPipeline:
             if text is not None:
                 prompt = self.loaded.chat_template.plain(text)
             else:
-                prompt = self.loaded.chat_template.render([*messages[:first], *messages[first + drop :]], tools=tools)
+                prompt = self.loaded.chat_template.render([*messages[:first], *messages[first + drop :]], tools=tools, continue_final=continue_final)
             fitted = params
             if fit_max_tokens and len(prompt.ids) < limit:
                 fitted = dataclasses.replace(params, max_tokens=min(params.max_tokens, limit - len(prompt.ids)))

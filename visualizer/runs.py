@@ -23,7 +23,7 @@ from webapp.gateway.lifecycle import Turn
 from visualizer.models import Conversation
 
 LEVELS = ("summary", "full")
-RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation"}
+RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation", "continue_final_message"}
 PARAM_FIELDS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
                 "logit_bias", "response_format"}
 
@@ -61,7 +61,10 @@ class Run:
         level = p.get("level", "summary")
         if level not in LEVELS:
             raise bad_request(f"'level' must be one of {', '.join(LEVELS)}.", "level")
-        return {"model": p.get("model", "default"), "messages": p.get("messages"), **params}, level, bool(p.get("step"))
+        body = {"model": p.get("model", "default"), "messages": p.get("messages"), **params}
+        if "continue_final_message" in p:  # a branch: the answer so far, then the model goes on from it
+            body["continue_final_message"] = p["continue_final_message"]
+        return body, level, bool(p.get("step"))
 
     async def frames(self) -> AsyncIterator[dict[str, Any]]:
         turn = Turn("ws.chat", self.visitor.client_ip, stream=True)
@@ -75,7 +78,8 @@ class Run:
             ctx.prompt_text = request.chat_messages[-1]["content"]
             await turn.admit(request.model)
             yield {"type": "gateway", **turn.gateway_report()}
-            self.generation = await turn.generate(request.chat_messages, request.params, level, fit_max_tokens=not request.max_tokens_given, step=step)
+            self.generation = await turn.generate(request.chat_messages, request.params, level, fit_max_tokens=not request.max_tokens_given, step=step,
+                                                  continue_final=request.continue_final_message)
             yield {"type": "accepted", **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")}}
             async for message in turn.messages():
                 if message["type"] == "waiting":
@@ -92,7 +96,10 @@ class Run:
         await turn.settle()
         finished = turn.usage.finished.get(0)
         if finished is not None and request is not None:
-            await sync_to_async(self._save_exchange)(turn.request_id, request.chat_messages, str(finished["text"]))
+            messages, answer = request.chat_messages, str(finished["text"])
+            if request.continue_final_message:  # a branch: the exchange is the question and the whole answer, as it now reads
+                messages, answer = messages[:-1], messages[-1]["content"] + answer
+            await sync_to_async(self._save_exchange)(turn.request_id, messages, answer)
         yield {"type": "usage", **turn.usage_report()}
         yield {"type": "done", "request_id": turn.request_id, "conversation": self.payload.get("conversation")}
 

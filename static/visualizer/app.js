@@ -131,7 +131,9 @@ function finishIfDone(run) {
   state.lastRun = run;
   if (run.error) showError(`${run.error.message}`);
   if (run.finished && run === state.run) {
-    state.history.push({ role: "user", content: run.request.messages.at(-1).content }, { role: "assistant", content: run.finished.text });
+    const continued = run.request.continue_final_message; // a branch: its question, and the answer as it now reads
+    const question = run.request.messages.at(continued ? -2 : -1).content;
+    state.history.push({ role: "user", content: question }, { role: "assistant", content: (continued ? run.request.messages.at(-1).content : "") + run.finished.text });
     const done = run.frames.find(({ frame }) => frame.type === "done");
     if (done?.frame.conversation) state.conversation = done.frame.conversation;
     htmx.trigger(document.body, "conversation-saved");
@@ -152,9 +154,35 @@ $("composer").addEventListener("submit", (event) => {
 function send() {
   const prompt = $("prompt").value;
   if (!prompt.trim() || (state.run && !state.run.done)) return null;
-  showError("");
   const system = $("system").value.trim();
   const messages = [...(system ? [{ role: "system", content: system }] : []), ...state.history, { role: "user", content: prompt }];
+  const run = startRun(messages, {});
+  if (!run) return null;
+  addBubble("user", prompt);
+  state.bubble = { run, node: addBubble("assistant", "") };
+  $("prompt").value = "";
+  return run;
+}
+
+// A branch from a re-drawn token: the same question, the answer up to that token, and the model going on from there.
+// It takes the place of the answer it branched from in the history that later turns send.
+function branch(run, answerSoFar) {
+  if (state.run && !state.run.done) return;
+  const continued = run.request.continue_final_message; // branching from a branch: its own prefix comes first
+  const base = continued ? run.request.messages.slice(0, -1) : run.request.messages;
+  const text = (continued ? run.request.messages.at(-1).content : "") + answerSoFar;
+  const question = base.at(-1).content;
+  if (state.history.at(-2)?.content === question) state.history.splice(-2, 2);
+  const next = startRun([...base, { role: "assistant", content: text }], { continue_final_message: true });
+  if (!next) return;
+  $("token-dialog").close();
+  addBubble("user", `${question}  ↳ branch from “${text}”`);
+  state.bubble = { run: next, node: addBubble("assistant", "") };
+  state.bubble.node.querySelector(".text").before(el("span", { class: "branch-prefix" }, text));
+}
+
+function startRun(messages, extra) {
+  showError("");
   const request = {
     type: "chat",
     model: $("model").value,
@@ -163,6 +191,7 @@ function send() {
     level: $("level").value,
     step: speed() === "step",
     conversation: state.conversation,
+    ...extra,
   };
   player.speed = speed() === "slow" ? "slow" : "live";
   const run = new Run(request);
@@ -172,9 +201,6 @@ function send() {
     return null;
   }
   state.run = run;
-  addBubble("user", prompt);
-  state.bubble = { run, node: addBubble("assistant", "") };
-  $("prompt").value = "";
   setBusy(true);
   drawRun(run);
   return run;
@@ -213,7 +239,7 @@ $("bubbles").addEventListener("click", (event) => {
   const step = Number(token.dataset.step);
   const more = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
   more.addEventListener("click", () => inspectToken(run, step, more));
-  const whatIf = run.tokenized ? whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }) : "";
+  const whatIf = run.tokenized ? whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }, (text) => branch(run, text)) : "";
   $("token-detail").replaceChildren(tokenDetail(run, step), whatIf, more, el("div", { id: "inspection" }));
   $("token-dialog").showModal();
 });

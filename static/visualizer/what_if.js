@@ -14,8 +14,9 @@ const SETTINGS = [
 ];
 const DEFAULTS = { temperature: 1, top_k: 0, top_p: 1, min_p: 0, frequency_penalty: 0, presence_penalty: 0, seed: 0 };
 
-// The form for token `stepNumber` of `run`; `send` posts a socket frame. The answer goes to `showResampled`.
-export function whatIfPanel(run, stepNumber, send) {
+// The form for token `stepNumber` of `run`; `send` posts a socket frame, `branch(text)` continues the answer from
+// `text` (the answer before that step and the token drawn) as a new turn. The answer goes to `showResampled`.
+export function whatIfPanel(run, stepNumber, send, branch) {
   const given = run.request.params ?? {};
   const form = el("form", { class: "what-if", id: "what-if", noValidate: true }); // the server names a value out of range
   form.append(el("h4", {}, "What if this step had been sampled otherwise?"));
@@ -39,6 +40,8 @@ export function whatIfPanel(run, stepNumber, send) {
     send(frame);
   });
   form.dataset.original = String(run.steps.get(stepNumber).sampled.token_id);
+  form.answerBefore = Array.from({ length: stepNumber - 1 }, (_, i) => run.steps.get(i + 1).text?.text ?? "").join("");
+  form.branch = branch;
   return form;
 }
 
@@ -66,10 +69,13 @@ export function showResampled(frame) {
     table.append(row);
   }
   const draw = event.detail?.draw == null ? "the likeliest token (greedy)" : `draw ${event.detail.draw.toFixed(4)}`;
+  const go = el("button", { type: "button", "data-field": "branch" }, "Continue the answer from this token (a branch)");
+  go.addEventListener("click", () => form.branch(form.answerBefore + event.token));
   out.replaceChildren(
     el("p", { "data-field": "what-if-token" }, `Drawn: ${visible(event.token)} (id ${event.token_id}), ${draw}; ` +
       `${event.detail?.kept ?? "?"} tokens left after the filters. ${same ? "The same token as the answer got." : "A different token from the answer's: the rest of the answer would have gone another way."}`),
     table,
+    go,
   );
 }
 

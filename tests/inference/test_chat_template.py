@@ -11,6 +11,7 @@ from inference.errors import ContextLengthExceededError, InvalidRequestError, Mo
 from inference.loader import LoadedModel, load_model
 from inference.pipeline import ChatPipeline
 from inference.params import SamplingParams
+from inference.trace import TextDelta
 
 SYSTEM = "You are a helpful assistant."
 
@@ -111,3 +112,28 @@ def test_history_truncation_drops_the_oldest_turns_and_says_so(tiny_pipeline: Ch
     assert len(request.prompt.ids) + 32 <= 256
     assert request.prompt.text.startswith("<|im_start|>system\nbe brief")
     assert "last one" in request.prompt.text
+
+
+def test_continuing_the_final_message_ends_the_prompt_inside_it(smollm2: LoadedModel) -> None:
+    messages: list[Message] = [{"role": "user", "content": "What's the capital of India?"}, {"role": "assistant", "content": "The capital of"}]
+    prompt = smollm2.chat_template.render(messages, continue_final=True)
+    assert prompt.text.endswith("<|im_start|>assistant\nThe capital of")  # no end-of-turn after it, no new turn
+    with pytest.raises(InvalidRequestError, match="assistant"):
+        smollm2.chat_template.render(messages[:1], continue_final=True)
+
+
+def test_a_continued_answer_goes_on_from_its_text(smollm2: LoadedModel) -> None:
+    """The greedy answer cut after "is": continuing it gives the rest of the same answer (the prompt ends exactly where
+    the answer's own tokens did)."""
+    pipeline = ChatPipeline(smollm2)
+    question: list[Message] = [{"role": "user", "content": "What's the capital of India?"}]
+
+    def answer(messages: list[Message], continue_final: bool = False) -> str:
+        request = pipeline.prepare(messages, SamplingParams(temperature=0.0, max_tokens=12), continue_final=continue_final)
+        return "".join(e.text for e in pipeline.stream(request) if isinstance(e, TextDelta))
+
+    full = answer(question)
+    prefix = "The capital of India is"
+    assert full.startswith(prefix + " New Delhi")
+    continued = answer([*question, {"role": "assistant", "content": prefix}], continue_final=True)
+    assert continued.startswith(full[len(prefix):])

@@ -113,8 +113,15 @@ def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page:
     assert "1 tokens left" in draw(temperature=1, min_p=0.95)  # only the likeliest survives min-p
     other = next((o for o in (draw(temperature=2, top_k=2, min_p=0, seed=seed) for seed in range(1, 6)) if "Drawn: ·Mumbai" in o), "")
     assert "A different token" in other  # two near-equal candidates left: some seed picks the other (the page's rate limit allows 10 asks a minute)
-    assert "temperature" in draw(temperature=9)  # out of range: the gateway's error, in the panel
     screenshot(page.locator("#token-dialog"), "what-if")
+    # the branch: the answer up to that token, then the model goes on from " Mumbai"
+    page.click('#what-if [data-field="branch"]')
+    wait_done(page)
+    branch = page.locator(".bubble.assistant").last
+    assert branch.locator(".branch-prefix").inner_text() == "The capital of India is Mumbai"
+    assert branch.locator(".text").inner_text().strip()  # the continuation
+    assert "branch from" in page.locator(".bubble.user").last.inner_text()
+    screenshot(page.locator("#bubbles"), "branch")
 
 
 def test_step_mode_advances_one_token_per_click(page: Any, screenshot: Any) -> None:

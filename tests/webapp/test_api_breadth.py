@@ -168,6 +168,20 @@ def test_logit_bias_against_the_greedy_first_token_changes_it(daphne_server: Any
     assert biased.choices[0].logprobs.content[0].token != first  # type: ignore[union-attr,index]
 
 
+def test_continue_final_message_goes_on_from_the_assistants_text(daphne_server: Any, make_key: Any) -> None:
+    key = make_key()
+    client = sdk(daphne_server, key)
+    full = client.chat.completions.create(model="smollm2", messages=CAPITAL, temperature=0, max_tokens=12)  # type: ignore[arg-type]
+    text = full.choices[0].message.content or ""
+    prefix = text[: text.index(" is") + 3]  # "... India is"
+    go_on = client.chat.completions.create(model="smollm2", messages=[*CAPITAL, {"role": "assistant", "content": prefix}], temperature=0,  # type: ignore[list-item]
+                                           max_tokens=12, extra_body={"continue_final_message": True})
+    assert (go_on.choices[0].message.content or "").startswith(text[len(prefix):])
+    refused = httpx.post(f"{daphne_server.api}/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                         json={"model": "smollm2", "messages": CAPITAL, "continue_final_message": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "continue_final_message"
+
+
 def test_legacy_completions_continue_raw_text(daphne_server: Any, make_key: Any) -> None:
     client = sdk(daphne_server, make_key())
     reply = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=6, temperature=0, logprobs=2)

@@ -197,6 +197,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    continue_final_message: bool = Field(False, description="vLLM's: the last message is the assistant's unfinished answer, and "
+                                         "generation continues its text instead of starting a new turn.")
     # Accepted for compatibility; they change nothing here (listed in x-roundtrip-ignored-fields).
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -217,6 +219,8 @@ class ChatCompletionRequest(SamplingFields):
             raise _Conflict("tool_choice", f"'tool_choice' names the function {self.tool_choice.function.name!r}, which is not in 'tools'.")
         if len(set(names)) != len(names):
             raise _Conflict("tools", "Function names in 'tools' must be unique.")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise _Conflict("continue_final_message", "'continue_final_message' needs the last message to be the assistant's.")
         return self
 
     IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "service_tier", "reasoning_effort", "modalities", "prediction")

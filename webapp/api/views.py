@@ -122,7 +122,8 @@ async def chat_completions(request: HttpRequest, turn: Turn) -> HttpResponse:
         if body.ignored_fields:
             turn.ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
         await turn.admit(body.model)
-        await turn.generate(body.chat_messages, body.params, fit_max_tokens=not body.max_tokens_given, n=body.n, tools=body.tool_definitions)
+        await turn.generate(body.chat_messages, body.params, fit_max_tokens=not body.max_tokens_given, n=body.n, tools=body.tool_definitions,
+                            continue_final=body.continue_final_message)
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
     choices = choices_for(body.n, body.logprobs, tools=bool(body.offered_tools))

@@ -211,10 +211,11 @@ async def generate(
     prompt: str | None = None,
     n: int = 1,
     tools: list[dict[str, Any]] | None = None,
+    continue_final: bool = False,
 ) -> Generation:
     """Send a generate request to the model's least-loaded worker and wait until it is accepted.
     `prompt`: raw text instead of `messages` (pass []), without the chat template; `n` choices;
-    `tools`: function definitions shown to the model."""
+    `tools`: function definitions shown to the model; `continue_final`: generation continues the last (assistant) message."""
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
     channel, worker = await _target(route)
@@ -238,6 +239,8 @@ async def generate(
         request["n"] = n
     if tools:
         request["tools"] = tools
+    if continue_final:
+        request["continue_final"] = True
     try:
         await _send(layer, channel, request)
         await generation.start()

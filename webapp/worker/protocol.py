@@ -56,6 +56,7 @@ class GenerateRequest(TypedDict):
     step: bool  # step mode: pause after every token until a NextMessage
     sent_at: float
     n: NotRequired[int]  # choices (default 1): one prefill, n sequences decoded together; events carry their "index"
+    continue_final: NotRequired[bool]  # the last message is the assistant's unfinished answer: generation continues it
 
 
 class TokenizeRequest(TypedDict):

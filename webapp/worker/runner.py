@@ -207,6 +207,7 @@ class EngineRunner:
                 fit_max_tokens=bool(msg.get("fit_max_tokens")),
                 text=msg.get("prompt"),
                 tools=msg.get("tools"),
+                continue_final=bool(msg.get("continue_final")),
             )
             job.level = TraceLevel(msg.get("level", "off"))
             if msg.get("step") and job.level == TraceLevel.OFF:
