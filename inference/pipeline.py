@@ -124,9 +124,10 @@ class ChatPipeline:
     ) -> SequenceRequest:
         """The scheduler's view of a prepared request: ids and parameters, plus the context event to complete."""
         prompt = request.prompt
+        c = self.loaded.config
         context = ContextBuilt(
             time.perf_counter(), prompt.segments, len(prompt.ids), request.params.max_tokens,
-            self.loaded.config.context_length, request.dropped_messages, self.loaded.config.rope_base, self.loaded.config.rope_dim,
+            c.context_length, request.dropped_messages, c.rope_base, c.rope_dim, c.n_layers, c.n_heads, c.n_kv_heads,
         )
         return SequenceRequest(request_id, list(prompt.ids), request.params, level, step_mode, request.received_at,
                                request.tokenize_seconds, context, request.grammar)

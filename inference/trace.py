@@ -75,6 +75,9 @@ class ContextBuilt:
     dropped_messages: int  # earlier turns left out to fit (only when the request allowed it)
     rope_base: float  # the model's rotary position embedding: dimension pair i of a query or key at position p
     rope_dim: int  # is rotated by the angle p * rope_base ** (-2i / rope_dim); rope_dim dimensions of each head rotate
+    n_layers: int  # the model's shape, so the page draws any model's layers and heads without knowing it in advance
+    n_heads: int
+    n_kv_heads: int  # key/value heads: n_heads / n_kv_heads query heads share each
     cached_tokens: int = 0  # positions 0..cached_tokens-1 came from the prefix cache, not a forward pass
 
 

@@ -23,10 +23,10 @@ export function attentionCell(attention, layer, head, i) {
   return { shade, weight: shade * attention.row_max[layer][head] };
 }
 
-// Query heads that share one key/value head. The frames do not carry the model's shape yet (issue 12, item 9):
-// a `kv_heads` the gateway frame may carry wins, SmolLM2's 3 is the fallback.
+// Query heads that share one key/value head, from the model's shape in the context event (a recording made
+// before the event carried it: every head its own group).
 export function groupSize(run, heads) {
-  const kv = run?.gateway?.kv_heads ?? 3;
+  const kv = run?.context?.n_kv_heads ?? heads;
   return heads % kv === 0 ? heads / kv : 1;
 }
 

@@ -170,7 +170,7 @@ function drawForward(run) {
     f.phase === "prefill"
       ? `prefill: ${f.n_tokens} tokens through every layer in one pass`
       : `decode step ${f.step}: 1 token at position ${f.position}, reading ${f.kv_length - 1} cached positions`;
-  drawLayerStack(field("forward", "layers"), f.detail ? f.detail.residual_norms.length - 1 : (run.gateway?.layers ?? 30), f);
+  drawLayerStack(field("forward", "layers"), f.detail ? f.detail.residual_norms.length - 1 : (run.context?.n_layers ?? 0), f);
   drawRope(field("forward", "rope"), run, queryPosition(f), f.kv_length);
   const contextLength = run.context?.context_length ?? f.kv_length;
   field("forward", "kv").style.width = `${Math.min(100, (f.kv_length / contextLength) * 100)}%`;

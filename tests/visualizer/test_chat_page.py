@@ -254,6 +254,23 @@ def test_every_prompt_row_of_a_layer_is_recomputed_on_demand(page: Any, screensh
     screenshot(page.locator(forward), "prompt-matrix")
 
 
+def test_the_page_draws_any_models_shape_from_the_trace(page: Any) -> None:
+    """No module knows SmolLM2's 30 layers, 9 heads or 3 key/value heads: the tiny model (2 layers, 4 heads, 2 key/value
+    heads) is drawn with its own."""
+    ask(page, "the heat is on", level="full", model="tiny")
+    wait_done(page)
+    forward = "#stage-forward"
+    assert page.locator(f"{forward} .layer").count() == 2 and page.locator(f"{forward} .layer .half.ffn").count() == 2
+    assert page.locator(f'{forward} [data-field="heads"] .hm-row').all_inner_texts() == [f"head {h}" for h in range(4)]
+    assert page.locator(f'{forward} [data-field="head-pick"] option').count() == 4
+    assert page.locator(f'{forward} [data-field="layer-pick"]').get_attribute("max") == "1"
+    page.select_option(f'{forward} [data-field="head-pick"]', "3")
+    page.check(f'{forward} [data-field="group-pick"]')
+    heads = page.locator(f'{forward} [data-field="head-view"] line').evaluate_all("ls => ls.map(l => l.dataset.head)")
+    assert set(heads) == {"2", "3"}  # 4 query heads over 2 key/value heads: pairs
+    assert page.locator(f'{forward} [data-field="overview"] .hm-col').count() == 2
+
+
 def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: Path, screenshot: Any) -> None:
     ask(page, "What's the capital of India?", level="full")
     wait_done(page)
