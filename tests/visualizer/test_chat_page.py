@@ -10,6 +10,9 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
+import torch
+
+from inference.batch import Chunk
 
 from servers import server_env, start, stop, wait_ready
 
@@ -94,9 +97,12 @@ def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screensh
     screenshot(page.locator("#token-dialog"), "token-detail")
 
 
-def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page: Any, screenshot: Any) -> None:
+def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page: Any, tmp_path: Path, smollm2: Any, screenshot: Any) -> None:
     ask(page, "What's the capital of India?")
     wait_done(page)
+    recorded = exported(page, tmp_path)
+    prompt = trace_events(recorded, "tokenized")[0]["ids"]
+    before = [e["token_id"] for e in trace_events(recorded, "sampled")][:5]
     page.locator(".bubble.assistant .tok").nth(5).click()  # token 6: " New" 32.9 %, " Mumbai" 29.4 %
     result = page.locator('#what-if [data-field="what-if-result"]')
 
@@ -110,7 +116,16 @@ def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page:
     greedy = draw(temperature=0)
     assert "Drawn: ·New" in greedy and "The same token as the answer got." in greedy
     assert "·Mumbai" in page.inner_text("#what-if table")  # the runner-up, with its probability under these settings
-    assert "1 tokens left" in draw(temperature=1, min_p=0.95)  # only the likeliest survives min-p
+    assert "1 tokens left" in draw(temperature=0.7, min_p=0.95)  # only the likeliest survives min-p
+    # the distribution shown is softmax(logits / 0.7) of that step's logits, computed here directly from the model
+    ids = prompt + before
+    plan = smollm2.model.plan([Chunk(0, 0, len(ids))])
+    logits = smollm2.model(torch.tensor(ids), plan, smollm2.model.new_cache(1, len(ids)))[0].float()
+    expected = torch.softmax(logits / 0.7, dim=-1)
+    for row in page.locator("#what-if table tr").all()[1:4]:
+        token, _, adjusted, _ = row.locator("td").all_inner_texts()
+        token_id = smollm2.tokenizer.encode(token.replace("·", " ")).ids[0]
+        assert abs(float(adjusted.rstrip("%")) - float(expected[token_id]) * 100) < 0.05, token
     other = next((o for o in (draw(temperature=2, top_k=2, min_p=0, seed=seed) for seed in range(1, 6)) if "Drawn: ·Mumbai" in o), "")
     assert "A different token" in other  # two near-equal candidates left: some seed picks the other (the page's rate limit allows 10 asks a minute)
     screenshot(page.locator("#token-dialog"), "what-if")
