@@ -93,6 +93,7 @@ def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screensh
     # both halves of every layer and the picked layer's neurons, recomputed
     assert page.locator("#inspection .neurons li").count() == 8 and "layer 29:" in page.inner_text("#inspection")
     page.click("#inspection .chart + details.numbers summary")
+    page.locator("#inspection .chart + details.numbers tbody tr").nth(29).wait_for(timeout=10000)  # the chart fills it when drawn
     assert page.locator("#inspection .chart + details.numbers tbody tr").count() == 30
     screenshot(page.locator("#token-dialog"), "token-detail")
 
@@ -451,6 +452,7 @@ def test_every_number_is_text_and_the_keyboard_reaches_tokens_and_stages(page: A
     # a chart's numbers behind its toggle
     itl = page.locator("#stage-stream details.numbers")
     itl.locator("summary").click()
+    itl.locator("thead th").nth(2).wait_for(timeout=10000)  # the chart fills it when drawn
     assert itl.locator("thead th").all_inner_texts() == ["token", "browser", "server"]
     assert itl.locator("tbody tr").count() >= 7 and itl.locator("tbody td").first.inner_text().replace(".", "").isdigit()
     # arrow keys: between token chips, between stages, along the answer (Enter opens a token)
