@@ -228,6 +228,7 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any,
     assert "head 2" in tip and "“·India” (position 19, your message, id 3089)" in tip and f"weight {weight:.4f}" in tip
     # the same numbers as a table: a row per key token, a column per head
     page.click(f"{heads} details.numbers summary")
+    page.locator(f"{heads} details.numbers tbody tr").nth(19).wait_for(timeout=10000)  # rendered when the toggle event comes
     row = page.locator(f"{heads} details.numbers tbody tr").nth(19).locator("td").all_inner_texts()
     assert len(row) == 9 and abs(float(row[2]) - weight) < 5e-5
 
@@ -263,6 +264,7 @@ def test_every_prompt_row_of_a_layer_is_recomputed_on_demand(page: Any, screensh
     assert len(rows) == 27 + 8 and rows[0] == "<|im_start|>" and rows[19] == "·India" and rows[27] == "The"
     numbers = page.locator(f"{matrix} details.numbers")  # a table row per key token, a column per query row
     numbers.locator("summary").click()
+    numbers.locator("tbody tr").nth(1).wait_for(timeout=10000)  # rendered when the toggle event comes
     on_first = numbers.locator("tbody tr").nth(0).locator("td").all_inner_texts()
     on_second = numbers.locator("tbody tr").nth(1).locator("td").all_inner_texts()
     assert on_first[0] == "1"  # position 0 sees only itself: all of its attention
