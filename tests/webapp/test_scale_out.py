@@ -64,8 +64,9 @@ def test_two_web_processes_share_one_worker_the_limits_and_the_database(cluster:
         )
         answers.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
     assert answers[0] == answers[1] != ""  # same seed, either web process, the one worker
-    third = httpx.post(f"{urls[0]}/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-    fourth = httpx.post(f"{urls[1]}/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    short = {"model": "tiny", "messages": HI, "max_tokens": 2, "ignore_eos": True}  # a sampled end-of-turn cannot make it a "stop"
+    third = httpx.post(f"{urls[0]}/v1/chat/completions", json=short, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    fourth = httpx.post(f"{urls[1]}/v1/chat/completions", json=short, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     assert (third.status_code, fourth.status_code) == (200, 429)  # one Redis counter for both processes
     with psycopg.connect(env["DATABASE_URL"]) as db:
         rows = db.execute("SELECT status, finish_reason, completion_tokens FROM usage_usagerecord ORDER BY id").fetchall()
