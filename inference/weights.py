@@ -84,6 +84,7 @@ class Projection(nn.Module):
     format: WeightFormat
     in_features: int
     out_features: int
+    has_rows = True  # whether `rows` can read single rows back (int4's packed layout cannot)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.multiply(x.to(self.format.compute_dtype))
@@ -159,6 +160,7 @@ class Int4(Projection):
     for the compiled GEMM (`inference.int4_gemm`), which then takes batches of more than `max_eager_rows` rows."""
 
     format = WeightFormat.INT4
+    has_rows = False
     packed: Tensor
     scales_and_zeros: Tensor
     tiled: Tensor | None
@@ -261,11 +263,12 @@ class SizeDispatch(Projection):
     def forward(self, x: Tensor) -> Tensor:
         return self.small(x) if x.shape[0] <= self.max_small_rows else self.large(x)
 
+    @property
+    def has_rows(self) -> bool:  # type: ignore[override]
+        return self.large.has_rows or self.small.has_rows
+
     def rows(self, ids: Tensor) -> Tensor:
-        try:
-            return self.large.rows(ids)
-        except NotImplementedError:
-            return self.small.rows(ids)
+        return (self.large if self.large.has_rows else self.small).rows(ids)
 
     def state(self) -> dict[str, Any]:
         return {"kind": "dispatch", "small": self.small.state(), "large": self.large.state(), "max_small_rows": self.max_small_rows}

@@ -20,7 +20,7 @@ from webapp.gateway.errors import bad_request
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
 from webapp.gateway.routing import ModelRoute
-from visualizer.runs import Visitor
+from visualizer.runs import Visitor, error_frame
 
 MAX_IDS = 1_000_000  # the worker checks ids against its vocabulary and context length
 TokenId = Annotated[int, Field(ge=0)]
@@ -45,7 +45,7 @@ async def _ask(visitor: Visitor, endpoint: str, model: object, work: Callable[[T
         return await work(turn, route)
     except Exception as exc:
         error = turn.fail(exc)
-        return {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
+        return error_frame(error)
     finally:
         await turn.settle()
 

@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 
 from webapp.api.protocol import ChatCompletionRequest, parse
 from webapp.gateway import client
-from webapp.gateway.errors import bad_request
+from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
 from visualizer.models import Conversation
@@ -26,6 +26,11 @@ LEVELS = ("summary", "full")
 RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation", "continue_final_message"}
 PARAM_FIELDS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
                 "logit_bias", "response_format"}
+
+
+def error_frame(error: GatewayError) -> dict[str, Any]:
+    """A gateway error as the socket sends it: the status and OpenAI's error fields."""
+    return {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class Run:
             raise
         except Exception as exc:  # refused, failed, or something unexpected: the page always hears why
             error = turn.fail(exc)
-            yield {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
+            yield error_frame(error)
         await turn.settle()
         finished = turn.usage.finished.get(0)
         if finished is not None and request is not None:
