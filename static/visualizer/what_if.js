@@ -73,10 +73,14 @@ export function showResampled(frame) {
   go.addEventListener("click", () => form.branch(form.answerBefore + event.token));
   out.replaceChildren(
     el("p", { "data-field": "what-if-token" }, `Drawn: ${visible(event.token)} (id ${event.token_id}), ${draw}; ` +
-      `${event.detail?.kept ?? "?"} tokens left after the filters. ${same ? "The same token as the answer got." : "A different token from the answer's: the rest of the answer would have gone another way."}`),
+      `${kept(event.detail?.kept)} left after the filters. ${same ? "The same token as the answer got." : "A different token from the answer's: the rest of the answer would have gone another way."}`),
     table,
     go,
   );
+}
+
+function kept(count) {
+  return count === undefined ? "some tokens" : `${count} token${count === 1 ? "" : "s"}`;
 }
 
 function pct(p) {

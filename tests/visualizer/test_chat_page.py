@@ -117,7 +117,7 @@ def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page:
     greedy = draw(temperature=0)
     assert "Drawn: ·New" in greedy and "The same token as the answer got." in greedy
     assert "·Mumbai" in page.inner_text("#what-if table")  # the runner-up, with its probability under these settings
-    assert "1 tokens left" in draw(temperature=0.7, min_p=0.95)  # only the likeliest survives min-p
+    assert "1 token left" in draw(temperature=0.7, min_p=0.95)  # only the likeliest survives min-p
     # the distribution shown is softmax(logits / 0.7) of that step's logits, computed here directly from the model
     ids = prompt + before
     plan = smollm2.model.plan([Chunk(0, 0, len(ids))])
