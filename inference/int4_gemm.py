@@ -1,12 +1,13 @@
-"""A tiled int4 matrix multiply for many rows at once, for CPUs with AMX.
+"""A compiled int4 matrix multiply for many rows at once, for CPUs with AMX.
 
 torch's eager int4 kernel (`_weight_int4pack_mm_for_cpu`) is quick for a decode step's few
 rows but slow for a prompt's hundreds (8x slower than bf16 at 128 rows here): it decodes
 every weight again for every row. Inductor's C++ GEMM template decodes a tile of weights once
 and multiplies it on the AMX units — as fast as bf16 while reading a quarter of the bytes.
 `inference.int4_gemm_build` compiles it ahead of time, once per weight shape, in a child
-process; the engine loads the shared libraries directly (no inductor import: that would cost
-~120 MB of memory) and passes weights laid out as the template reads them (`tile`).
+process, reading the eager kernel's own packed weights (one copy serves both kernels); the
+engine loads the shared libraries directly (no inductor import: that would cost ~120 MB of
+memory).
 
 A failed build or a CPU without AMX means no kernels, and the eager kernel serves alone; a
 projection checks its kernel against the eager one on its own weights before using it
@@ -28,16 +29,9 @@ from torch import Tensor
 
 log = logging.getLogger("roundtrip.inference")
 
-BLOCK_N = 32  # output columns per tile of the AMX micro-kernel
+BLOCK_N = 64  # outputs per block of the eager kernel's packed layout, which the compiled one reads
+LAYOUT = "eager-packed-1"  # what the libraries read; part of their cache key
 Shape = tuple[int, int]  # (out_features, in_features)
-
-
-def tile(codes: Tensor) -> Tensor:
-    """4-bit codes uint8 [N, K] (0..15) in the template's layout: per block of 32 outputs, for every input, the codes
-    of outputs j and j + 16 share a byte (low and high nibble). Returns uint8 [N, K / 2]."""
-    n, k = codes.shape
-    blocked = codes.t().reshape(k, n // BLOCK_N, 2, BLOCK_N // 2).permute(1, 0, 2, 3)  # [N/32, K, 2, 16]
-    return (blocked[:, :, 0, :] | (blocked[:, :, 1, :] << 4)).contiguous().view(n, k // 2)
 
 
 def supported(n: int, k: int) -> bool:
@@ -45,20 +39,20 @@ def supported(n: int, k: int) -> bool:
 
 
 class Kernel:
-    """One compiled shape: y [M, N] = x [M, K] @ W.T for tiled weights; M of at least 2."""
+    """One compiled shape: y [M, N] = x [M, K] @ W.T for weights packed for the eager kernel; M of at least 2."""
 
     def __init__(self, library: Path) -> None:
         self.library = library
         self._runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
 
-    def __call__(self, x: Tensor, tiled: Tensor, scales_and_zeros: Tensor) -> Tensor:
-        out: Tensor = self._runner.run([x.contiguous(), tiled, scales_and_zeros])[0]
+    def __call__(self, x: Tensor, packed: Tensor, scales_and_zeros: Tensor) -> Tensor:
+        out: Tensor = self._runner.run([x.contiguous(), packed, scales_and_zeros])[0]
         return out
 
 
 def library_dir(cache_dir: Path) -> Path:
-    """Libraries belong to a torch build and a CPU (the template tunes for it)."""
-    key = f"{torch.__version__}|{_cpu_model()}|{torch.get_num_threads()}"
+    """Libraries belong to a torch build, a CPU (the template tunes for it) and the weight layout they read."""
+    key = f"{torch.__version__}|{_cpu_model()}|{torch.get_num_threads()}|{LAYOUT}"
     return cache_dir / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -89,11 +83,11 @@ def load(shapes: Sequence[Shape], cache_dir: Path, report: Callable[[str], None]
     return kernels
 
 
-def agrees(kernel: Callable[[Tensor, Tensor, Tensor], Tensor], packed: Tensor, tiled: Tensor, scales_and_zeros: Tensor) -> bool:
+def agrees(kernel: Callable[[Tensor, Tensor, Tensor], Tensor], packed: Tensor, scales_and_zeros: Tensor) -> bool:
     """A kernel against torch's eager one on the same weights: equal up to bf16 rounding of the outputs."""
     x = torch.randn(24, packed.shape[1] * 2, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     expected = torch._weight_int4pack_mm_for_cpu(x, packed, 32, scales_and_zeros).float()
-    got = kernel(x, tiled, scales_and_zeros).float()
+    got = kernel(x, packed, scales_and_zeros).float()
     return bool((got - expected).abs().max() <= 0.02 * expected.abs().max())
 
 

@@ -149,7 +149,7 @@ def load_model(
     stream = plan.compute_dtype if target.type == "cuda" else torch.float32
     model = Transformer(config, model_weights, stream).to(target).eval().requires_grad_(False)
     if kernels:
-        _attach_kernels(model, kernels, plan.tiled_above)
+        _attach_kernels(model, kernels, plan.gemm_above)
     return_free_memory()
     report(LoadProgress("building", 2, 2, "ready"))
     return LoadedModel(
@@ -170,7 +170,7 @@ def _attach_kernels(model: Transformer, kernels: weight_choice.Kernels, above: i
     """Give every int4 projection its compiled GEMM; each shape's is checked once, on the first projection of that shape."""
     checked: dict[tuple[int, int], bool] = {}
     for module in model.modules():
-        if isinstance(module, Int4) and module.tiled is not None and (shape := (module.out_features, module.in_features)) in kernels:
+        if isinstance(module, Int4) and (shape := (module.out_features, module.in_features)) in kernels:
             if shape not in checked:
                 checked[shape] = module.attach(kernels[shape], above)
                 if not checked[shape]:

@@ -1,8 +1,7 @@
 """Which weight format the model runs in: from the `ROUNDTRIP_WEIGHTS` setting, or measured on this CPU.
 
-Settings: `fp32`, `bf16`, `int8`, `int4` (one copy of each matrix: the leanest); `DECODE+PREFILL`
-(e.g. `int4+bf16`) to keep a second copy for multiplying many rows at once; `int4+tiled` to keep
-every int4 matrix also in the layout of the compiled GEMM; `auto` (the default). On CUDA `auto` is
+Settings: `fp32`, `bf16`, `int8`, `int4` (one copy of each matrix); `DECODE+PREFILL` (e.g.
+`int4+bf16`) to keep a second copy for multiplying many rows at once; `auto` (the default). On CUDA `auto` is
 bf16. On a CPU the ranking depends on the chip (with AMX, bf16 is fast for prompt-sized batches and
 int4's eager kernel for decode steps; without AVX512-BF16, bf16 is emulated and slow), so `auto`
 times each format on matrices of this model's shapes (about a second) and keeps:
@@ -11,14 +10,11 @@ times each format on matrices of this model's shapes (about a second) and keeps:
   keeps a Q4 file's own blocks exactly (the others re-quantize or expand them, and on this model
   int8 departs from llama.cpp's greedy text early), and less memory is worth a few percent;
 - int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
-  beats the eager int4 kernel — the same weights in a second layout (+60 MB on the default model;
-  prefill and batched decode steps several times faster);
+  beats the eager int4 kernel — it reads the same weights, so it costs no memory (prefill and
+  batched decode steps several times faster);
 - above some row count, another format, only if it is still clearly faster for prompt-sized
   batches; `max_decode_rows` is the last measured size where the decode format keeps up.
   A second format costs its weights' memory again.
-
-With plain `int4`, only the output head (one matrix, 14 MB again, which takes every row of a batched decode
-step and of the logit lens) keeps the compiled GEMM's layout.
 
 The decision is remembered per CPU, torch version and model shape, so a restart loads the same
 cached weights instead of measuring again.
@@ -48,7 +44,7 @@ PREFILL_ROWS = 64
 CLEAR_WIN = 1.3  # a second format or layout must be this much faster on prompt-sized batches to be worth its memory
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
 ROUNDS = 3  # the formats take turns this many times; each keeps its best
-TILED = "int4 compiled GEMM"  # int4 through the compiled GEMM, measured beside the formats
+COMPILED = "int4 compiled GEMM"  # int4 through the compiled GEMM, measured beside the formats
 
 Kernels = dict[int4_gemm.Shape, int4_gemm.Kernel]
 
@@ -58,13 +54,12 @@ class WeightPlan:
     decode: WeightFormat
     prefill: WeightFormat | None = None
     max_decode_rows: int = 0  # with a prefill format: batches of more rows than this use it
-    tiled_above: int = 0  # int4 batches of more rows than this use the compiled GEMM (0: never)
-    tiled_layers: bool = False  # the compiled GEMM's layout for every layer too, not only the output head
+    gemm_above: int = 0  # int4 batches of more rows than this use the compiled GEMM (0: never)
 
     @property
     def key(self) -> str:
-        key = self.decode.value if self.prefill is None else f"{self.decode.value}+{self.prefill.value}@{self.max_decode_rows}"
-        return key + (("+tiled" if self.tiled_layers else "+tiled-head") if self.tiled_above else "")
+        """What the weights in memory are (the compiled GEMM reads int4's own, so it is not part of it)."""
+        return self.decode.value if self.prefill is None else f"{self.decode.value}+{self.prefill.value}@{self.max_decode_rows}"
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -76,18 +71,18 @@ class WeightPlan:
 
     def describe(self) -> str:
         text = self.decode.value
-        if self.tiled_above:
-            text += f" (compiled AMX GEMM above {self.tiled_above} rows{'' if self.tiled_layers else ', output head'})"
+        if self.gemm_above:
+            text += f" (compiled AMX GEMM above {self.gemm_above} rows)"
         if self.prefill is not None:
             text += f", {self.prefill.value} above {self.max_decode_rows} rows"
         return text + (", head int8 rows" if self.decode.quantized else "")
 
     def build(self, dense: Tensor, blocks: Q4Blocks | None = None) -> Projection:
         """One weight in this plan: a 4-bit format falls back to int8 for shapes its kernel cannot take."""
-        small = self._build_one(self.decode, dense, blocks, self.tiled_layers)
+        small = self._build_one(self.decode, dense, blocks)
         if self.prefill is None:
             return small
-        return SizeDispatch(small, self._build_one(self.prefill, dense, blocks, self.tiled_layers), self.max_decode_rows)
+        return SizeDispatch(small, self._build_one(self.prefill, dense, blocks), self.max_decode_rows)
 
     def build_head(self, dense: Tensor, q8: tuple[Tensor, Tensor] | None = None) -> Projection:
         """The output head / embedding table (see `inference.model_weights`): dense in a dense plan; beside
@@ -95,12 +90,12 @@ class WeightPlan:
         if not self.decode.quantized:
             return self.build(dense)
         table = Int8Rows(*q8) if q8 is not None else Int8Rows.quantize(dense)
-        return Head(self._build_one(self.decode, dense, None, tiled=True), table)
+        return Head(self._build_one(self.decode, dense, None), table)
 
-    def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None, tiled: bool) -> Projection:
+    def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None) -> Projection:
         if fmt is WeightFormat.INT4 and not supports_int4(*dense.shape):
             return Int8.quantize(dense)
-        return build(fmt, dense, blocks, tiled=tiled and bool(self.tiled_above))
+        return build(fmt, dense, blocks)
 
 
 def model_shapes(config: ModelConfig) -> list[int4_gemm.Shape]:
@@ -116,24 +111,18 @@ def parse(setting: str, device: torch.device) -> WeightPlan | None:
     if setting in ("", "auto"):
         return None
     names = [n.strip() for n in setting.split("+")]
-    tiled_layers = names[1:] == ["tiled"]
-    if tiled_layers:
-        names = names[:1]
     allowed = ", ".join(f.value for f in WeightFormat)
     try:
         formats = [WeightFormat(n) for n in names]
     except ValueError:
-        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: use auto, one of {allowed}, two joined by '+' (e.g. int4+bf16), "
-                         "or int4+tiled") from None
+        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: use auto, one of {allowed}, or two joined by '+' (e.g. int4+bf16)") from None
     if len(formats) > 2:
         raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: at most two formats (decode+prefill)")
     if device.type != "cpu" and any(f.quantized for f in formats):
         raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: int8 and int4 kernels run on the CPU; use bf16 or fp32 on {device.type}")
-    if tiled_layers and formats != [WeightFormat.INT4]:
-        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: '+tiled' is a layout of int4 weights: int4+tiled")
     if len(formats) == 2:
         return WeightPlan(formats[0], formats[1], 16)
-    return WeightPlan(formats[0], tiled_layers=tiled_layers)
+    return WeightPlan(formats[0])
 
 
 def choose(
@@ -152,20 +141,20 @@ def choose(
     memo = _memo_path(config, cache_dir, setting, kernels is not None) if cache_dir is not None else None
     remembered = _recall(memo)
     if remembered is not None:
-        return remembered, kernels if remembered.tiled_above else None
+        return remembered, kernels if remembered.gemm_above else None
     report("measuring which weight format is fastest on this CPU")
     quiet = _machine_is_quiet()
-    timings, tiled = measure(config, kernels)
+    timings, compiled = measure(config, kernels)
     quiet = quiet and _machine_is_quiet()
     if plan is None:
-        plan = decide(timings, tiled)
-    elif tiled and plan.uses(WeightFormat.INT4):
-        plan = WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _tiled_above(timings, tiled), plan.tiled_layers)
+        plan = decide(timings, compiled)
+    elif compiled and plan.uses(WeightFormat.INT4):
+        plan = WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _gemm_above(timings, compiled))
     if memo is not None and quiet:
-        _remember(memo, plan, timings, tiled)
+        _remember(memo, plan, timings, compiled)
     elif memo is not None:
         report("the CPU was busy with other work while measuring: this choice is not remembered, the next start measures again")
-    return plan, kernels if plan.tiled_above else None
+    return plan, kernels if plan.gemm_above else None
 
 
 def _machine_is_quiet() -> bool:
@@ -192,23 +181,25 @@ def measure(config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int
         if fmt is WeightFormat.INT4 and not all(supports_int4(*d.shape) for d in dense):
             continue
         try:
-            candidates[fmt] = ([build(fmt, d, tiled=kernels is not None) for d in dense], rows)
+            candidates[fmt] = ([build(fmt, d) for d in dense], rows)
         except RuntimeError:  # a kernel this build of torch lacks on this CPU
             continue
         if fmt is WeightFormat.INT4 and kernels is not None:
-            compiled = [build(fmt, d, tiled=True) for d in dense]
-            for p in compiled:
+            compiled: list[Projection] = []
+            for eager in candidates[fmt][0]:
+                p = eager.sharing() if isinstance(eager, Int4) else eager
                 if isinstance(p, Int4) and (p.out_features, p.in_features) in kernels:
                     p.attach(kernels[(p.out_features, p.in_features)], 1, check=False)
-            candidates[TILED] = (compiled, tuple(n for n in rows if n > 1))
+                compiled.append(p)
+            candidates[COMPILED] = (compiled, tuple(n for n in rows if n > 1))
     inputs = {n: torch.randn(n, c.dim) for n in rows}
     best: dict[WeightFormat | str, dict[int, float]] = {key: {n: float("inf") for n in counts} for key, (_, counts) in candidates.items()}
     for _ in range(ROUNDS):
         for key, (projections, counts) in candidates.items():
             for n in counts:
                 best[key][n] = min(best[key][n], _time(projections, inputs[n], c))
-    tiled = best.pop(TILED, {})
-    return {WeightFormat(k): v for k, v in best.items()}, tiled
+    compiled_times = best.pop(COMPILED, {})
+    return {WeightFormat(k): v for k, v in best.items()}, compiled_times
 
 
 def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> float:
@@ -227,31 +218,31 @@ def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> floa
     return best
 
 
-def _tiled_above(timings: Timings, tiled: dict[int, float]) -> int:
+def _gemm_above(timings: Timings, compiled: dict[int, float]) -> int:
     """The last measured row count at which the eager int4 kernel is still at least as fast as the compiled GEMM."""
     eager = timings[WeightFormat.INT4]
-    return max((n for n in sorted(eager) if n not in tiled or eager[n] <= tiled[n]), default=1)
+    return max((n for n in sorted(eager) if n not in compiled or eager[n] <= compiled[n]), default=1)
 
 
-def decide(timings: Timings, tiled: dict[int, float] | None = None) -> WeightPlan:
+def decide(timings: Timings, compiled: dict[int, float] | None = None) -> WeightPlan:
     """The fastest format at one row for decoding (with int4's compiled GEMM for larger batches where it helps);
     a second format for prompt-sized batches only when it is still clearly faster there."""
     fastest = min(timings, key=lambda f: timings[f][1])
     decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
-    tiled_above = _tiled_above(timings, tiled) if tiled and decode is WeightFormat.INT4 else 0
+    gemm_above = _gemm_above(timings, compiled) if compiled and decode is WeightFormat.INT4 else 0
     effective = dict(timings)
-    if tiled_above:
-        effective[decode] = {n: min(t, tiled.get(n, t)) for n, t in timings[decode].items()}  # type: ignore[union-attr]
+    if gemm_above:
+        effective[decode] = {n: min(t, compiled.get(n, t)) for n, t in timings[decode].items()}  # type: ignore[union-attr]
     prefill = min(effective, key=lambda f: effective[f][PREFILL_ROWS])
     if prefill is decode or effective[decode][PREFILL_ROWS] < CLEAR_WIN * effective[prefill][PREFILL_ROWS]:
-        return WeightPlan(decode, tiled_above=tiled_above, tiled_layers=bool(tiled_above))
+        return WeightPlan(decode, gemm_above=gemm_above)
     keeps_up = [n for n in sorted(effective[decode]) if effective[decode][n] <= effective[prefill][n]]
-    return WeightPlan(decode, prefill, max(keeps_up, default=1), tiled_above, bool(tiled_above))
+    return WeightPlan(decode, prefill, max(keeps_up, default=1), gemm_above)
 
 
-def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, tiled: bool) -> Path:
+def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool) -> Path:
     key = (f"{int4_gemm._cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|"
-           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{tiled}")
+           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}")
     return cache_dir / f"weight-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -261,17 +252,16 @@ def _recall(memo: Path | None) -> WeightPlan | None:
     try:
         saved = json.loads(memo.read_text())
         prefill = WeightFormat(saved["prefill"]) if saved["prefill"] else None
-        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["tiled_above"]),
-                          bool(saved["tiled_layers"]))
+        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["gemm_above"]))
     except (OSError, ValueError, KeyError):
         return None
 
 
-def _remember(memo: Path, plan: WeightPlan, timings: Timings, tiled: dict[int, float]) -> None:
+def _remember(memo: Path, plan: WeightPlan, timings: Timings, compiled: dict[int, float]) -> None:
     """The decision and the measurements behind it (milliseconds), for the next start and for curious people."""
     record = {"decode": plan.decode.value, "prefill": plan.prefill.value if plan.prefill else None, "max_decode_rows": plan.max_decode_rows,
-              "tiled_above": plan.tiled_above, "tiled_layers": plan.tiled_layers, "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
-              "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in tiled.items()}}
+              "gemm_above": plan.gemm_above, "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
+              "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in compiled.items()}}
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(json.dumps(record))

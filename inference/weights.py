@@ -156,52 +156,51 @@ class Int8(Projection):
 
 
 class Int4(Projection):
-    """Groups of 32 with a scale and an offset, in the layout of torch's CPU int4 kernel; optionally also `tiled`
-    for the compiled GEMM (`inference.int4_gemm`), which then takes batches of more than `max_eager_rows` rows."""
+    """Groups of 32 with a scale and an offset, in the layout of torch's CPU int4 kernel; batches of more than
+    `max_eager_rows` rows go through the compiled GEMM (`inference.int4_gemm`) once one is attached, on the same weights."""
 
     format = WeightFormat.INT4
     has_rows = False
     packed: Tensor
     scales_and_zeros: Tensor
-    tiled: Tensor | None
 
-    def __init__(self, packed: Tensor, scales_and_zeros: Tensor, in_features: int, tiled: Tensor | None = None) -> None:
+    def __init__(self, packed: Tensor, scales_and_zeros: Tensor, in_features: int) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = scales_and_zeros.shape[1]
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # bf16 [K/32, N, 2]
-        self.register_buffer("tiled", tiled)
         self.gemm: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None  # attached after loading
         self.max_eager_rows = 0
 
     @classmethod
-    def from_blocks(cls, blocks: Q4Blocks, tiled: bool = False) -> Int4:
+    def from_blocks(cls, blocks: Q4Blocks) -> Int4:
         """The kernel computes w = (code - 8) * scale + zero, so zero = minimum + 8 * scale: Q4_1 maps exactly
         (up to rounding the scale and zero to bf16)."""
         zeros = blocks.minimums + 8 * blocks.scales
         scales_and_zeros = torch.stack([blocks.scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [K/32, N, 2]
         packed = torch._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
-        n, k = blocks.codes.shape
-        tiles = int4_gemm.tile(blocks.codes) if tiled and int4_gemm.supported(n, k) else None
-        return cls(packed, scales_and_zeros.to(torch.bfloat16), k, tiles)
+        return cls(packed, scales_and_zeros.to(torch.bfloat16), blocks.codes.shape[1])
+
+    def sharing(self) -> Int4:
+        """Another projection on the same weight tensors (no copy), with no GEMM attached."""
+        return Int4(self.packed, self.scales_and_zeros, self.in_features)
 
     def attach(self, gemm: Callable[[Tensor, Tensor, Tensor], Tensor], max_eager_rows: int, check: bool = True) -> bool:
         """Let batches of more than `max_eager_rows` rows go through the compiled GEMM — if it agrees with the
         eager kernel on these weights (`check`); whether it does."""
-        if self.tiled is None or (check and not int4_gemm.agrees(gemm, self.packed, self.tiled, self.scales_and_zeros)):
+        if not int4_gemm.supported(self.out_features, self.in_features) or (check and not int4_gemm.agrees(gemm, self.packed, self.scales_and_zeros)):
             return False
         self.gemm, self.max_eager_rows = gemm, max(1, max_eager_rows)
         return True
 
     def multiply(self, x: Tensor) -> Tensor:
-        if self.gemm is not None and self.tiled is not None and x.shape[0] > self.max_eager_rows:
-            return self.gemm(x, self.tiled, self.scales_and_zeros)
+        if self.gemm is not None and x.shape[0] > self.max_eager_rows:
+            return self.gemm(x, self.packed, self.scales_and_zeros)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
 
     def state(self) -> dict[str, Any]:
-        return {"kind": "int4", "packed": self.packed, "scales_and_zeros": self.scales_and_zeros, "in_features": self.in_features,
-                "tiled": self.tiled}
+        return {"kind": "int4", "packed": self.packed, "scales_and_zeros": self.scales_and_zeros, "in_features": self.in_features}
 
 
 class Int8Rows(nn.Module):
@@ -274,14 +273,13 @@ class SizeDispatch(Projection):
         return {"kind": "dispatch", "small": self.small.state(), "large": self.large.state(), "max_small_rows": self.max_small_rows}
 
 
-def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, tiled: bool = False) -> Projection:
-    """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them);
-    `tiled`: int4 also keeps the layout of the compiled GEMM."""
+def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None) -> Projection:
+    """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them)."""
     if fmt is WeightFormat.INT4:
         if blocks is None:
             assert dense is not None
             blocks = Q4Blocks.quantize(dense)
-        return Int4.from_blocks(blocks, tiled)
+        return Int4.from_blocks(blocks)
     if dense is None:
         assert blocks is not None
         dense = blocks.dequantize()
@@ -297,7 +295,7 @@ def restore(state: dict[str, Any]) -> Projection:
     if kind == "int8":
         return Int8(state["weight"], state["scales"])
     if kind == "int4":
-        return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]), state.get("tiled"))
+        return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]))
     if kind == "head":
         return Head(restore(state["ranking"]), Int8Rows(state["codes"], state["scales"]))
     if kind == "dispatch":

@@ -42,27 +42,26 @@ def test_a_second_format_joins_only_when_clearly_faster_for_prompts() -> None:
 
 def test_int4s_compiled_gemm_takes_the_batches_where_it_is_faster_and_spares_a_second_format() -> None:
     timings = _timings(bf16=(3, 3.5), int4=(1, 12))
-    tiled = {2: 1.5, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.3, 64: 3.0}  # slower than eager int4 up to 4 rows
-    plan = decide(timings, tiled)
-    assert plan.decode is F.INT4 and plan.prefill is None and plan.tiled_layers
-    assert plan.tiled_above == 4  # eager int4 at 4 rows: 1.52 < 1.6
-    assert "compiled AMX GEMM above 4 rows" in plan.describe() and "output head" not in plan.describe()
+    compiled = {2: 1.5, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.3, 64: 3.0}  # slower than eager int4 up to 4 rows
+    plan = decide(timings, compiled)
+    assert plan.decode is F.INT4 and plan.prefill is None
+    assert plan.gemm_above == 4  # eager int4 at 4 rows: 1.52 < 1.6
+    assert "compiled AMX GEMM above 4 rows" in plan.describe()
 
 
-def test_plain_int4_keeps_the_compiled_layout_for_the_output_head_only() -> None:
-    plan = parse("int4", CPU)
-    assert plan is not None and not plan.tiled_layers
-    assert "output head" in WeightPlan(F.INT4, tiled_above=4).describe()
+def test_the_compiled_gemm_is_not_part_of_the_weights_key() -> None:
+    """It reads int4's own weights, so a plan with it and one without hold the same bytes (one cache entry)."""
+    assert WeightPlan(F.INT4, gemm_above=4).key == WeightPlan(F.INT4).key == "int4"
 
 
 @pytest.mark.parametrize("setting, plan", [("int4", WeightPlan(F.INT4)), ("BF16", WeightPlan(F.BF16)), ("int4+bf16", WeightPlan(F.INT4, F.BF16, 16)),
-                                           ("int4+tiled", WeightPlan(F.INT4, tiled_layers=True)), ("auto", None), ("", None)])
+                                           ("auto", None), ("", None)])
 def test_it_reads_the_setting(setting: str, plan: WeightPlan | None) -> None:
     assert parse(setting, CPU) == plan
 
 
 @pytest.mark.parametrize("setting, message", [("int3", "use auto, one of"), ("int4+bf16+fp32", "at most two"),
-                                              ("bf16+tiled", "a layout of int4 weights")])
+                                              ("int4+tiled", "use auto, one of")])
 def test_it_refuses_settings_it_cannot_run(setting: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse(setting, CPU)
