@@ -149,7 +149,7 @@ class Accepted(TypedDict):
     request_id: str
     control: str
     worker: str
-    weights: str  # how the worker holds the model: "int4 (...), 183 MB"
+    weights: str  # how the worker holds the model: "int4 (...), 116 MB"
     prompt_tokens: int
     seed: int
     queued: float  # seconds from arrival to acceptance (channel wait and tokenization)
@@ -231,7 +231,7 @@ class ModelLoad(TypedDict):
     done: NotRequired[int]
     total: NotRequired[int]
     detail: NotRequired[str]
-    weights: NotRequired[str]  # once ready: format and size ("int4 (...), 183 MB")
+    weights: NotRequired[str]  # once ready: format and size ("int4 (...), 116 MB")
     device: NotRequired[str]
 
 
