@@ -38,6 +38,13 @@ class ForwardProbe(Protocol):
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
         """The token's SwiGLU gate and up projections [ffn] each (silu(gate) * up reaches the down projection)."""
 
+    def lens_streams(self) -> Tensor | None:
+        """Recorded residual streams [n, dim] to read through the final norm and head (the logit lens), in the same
+        multiply as the step's own logits; None for none."""
+
+    def on_lens(self, logits: Tensor) -> None:
+        """The lens: float32 logits [n, V] of `lens_streams`, in their order."""
+
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / rms(x) * weight, in one fused op (which accumulates in float32 for bfloat16 inputs)."""
@@ -194,21 +201,34 @@ class Transformer(nn.Module):
         for token, probe in probes.items():
             probe.on_residual(self.config.n_layers, x[token])
         rows = plan.last_tokens if logits_for is None else logits_for
-        return self.logits(x[rows])  # [n, V]
+        n = int(rows.shape[0])
+        lens = [(probe, streams) for probe in probes.values() if (streams := probe.lens_streams()) is not None]
+        if not lens:
+            return self.logits(x[rows])  # [n, V]
+        # One pass through the 49k-row head for the step's rows and every probe's lens rows: a batch of a dozen
+        # rows costs little more than one.
+        logits = self.logits(torch.cat([x[rows].to(self.dtype), *(streams.to(self.dtype) for _, streams in lens)]), refined_rows=n)
+        offset = n
+        for probe, streams in lens:
+            probe.on_lens(logits[offset : offset + streams.shape[0]])
+            offset += streams.shape[0]
+        return logits[:n]
 
-    def logits(self, h: Tensor, refine: bool = True) -> Tensor:
+    def logits(self, h: Tensor, refined_rows: int | None = None) -> Tensor:
         """float32 logits [n, V] from residual streams h [n, dim] (the last layer's, or any layer's for the logit lens).
 
         A head that multiplies in bfloat16 rounds its outputs to 8 significant bits (steps of 0.125 at
         logit 20), which makes false ties between the likeliest tokens; their logits are recomputed
-        in float32 from the head's own rows (`refine`), so the choice and the top probabilities are exact.
+        in float32 from the head's own rows, so the choice and the top probabilities are exact — for the
+        first `refined_rows` rows (default: all; the logit lens reads only each row's best guess).
         """
         normed = rms_norm(h.to(self.dtype), self.output_norm, self.config.norm_eps)  # [n, dim]
         logits = self.output(normed).float()  # [n, V]
-        if not refine or self.output.format.compute_dtype == torch.float32:
+        if refined_rows == 0 or self.output.format.compute_dtype == torch.float32:
             return logits
-        row, token = (logits >= logits.amax(dim=-1, keepdim=True) - REFINE_MARGIN).nonzero(as_tuple=True)  # [m] each
-        logits[row, token] = (self.output.rows(token) * normed[row].float()).sum(dim=-1)  # [m, dim] -> [m]
+        exact = logits[:refined_rows]  # [r, V], a view: refined in place
+        row, token = (exact >= exact.amax(dim=-1, keepdim=True) - REFINE_MARGIN).nonzero(as_tuple=True)  # [m] each
+        exact[row, token] = (self.output.rows(token) * normed[row].float()).sum(dim=-1)  # [m, dim] -> [m]
         return logits
 
     def plan(self, chunks: Sequence[Chunk]) -> BatchPlan:

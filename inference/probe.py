@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from inference.model import Transformer
 from inference.trace import LayerDetail, LensGuess, Neuron
 
 
@@ -32,10 +31,11 @@ def lens_layers(n_layers: int, count: int | None = LIVE_LENS_LAYERS) -> list[int
 
 
 def attention_weights(q: Tensor, k: Tensor) -> Tensor:
-    """A token's attention weights [H, S] over every position it sees, recomputed: q [H, hd], k [KV, S, hd]."""
-    n_kv, hd = k.shape[0], k.shape[2]
-    grouped = q.float().view(n_kv, -1, hd)  # [KV, group, hd]: the query heads that share each key head
-    scores = torch.bmm(grouped, k.float().transpose(1, 2)).flatten(0, 1) / math.sqrt(hd)  # [H, S]
+    """Attention weights [..., H, S] over every position a token sees, recomputed: q [..., H, hd], k [..., KV, S, hd]
+    (the leading dims, such as layers, are batched into one multiply)."""
+    n_kv, hd = k.shape[-3], k.shape[-1]
+    grouped = q.float().unflatten(-2, (n_kv, -1))  # [..., KV, group, hd]: the query heads that share each key head
+    scores = torch.matmul(grouped, k.float().transpose(-1, -2)).flatten(-3, -2) / math.sqrt(hd)  # [..., H, S]
     return torch.softmax(scores, dim=-1)
 
 
@@ -56,6 +56,12 @@ class PromptMatrixProbe:
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
         pass
 
+    def lens_streams(self) -> Tensor | None:
+        return None
+
+    def on_lens(self, logits: Tensor) -> None:
+        pass
+
     def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
         if layer == self.layer:
             seen = k.shape[1]  # the query's own position + 1
@@ -69,9 +75,12 @@ class LayerProbe:
         self.lens = lens
         self._residuals: list[Tensor] = []
         self._mid: list[Tensor] = []
-        self._attention: list[Tensor] = []
+        self._queries: list[Tensor] = []
+        self._keys: list[Tensor] = []
         self._gates: list[Tensor] = []
         self._ups: list[Tensor] = []
+        self._lens_layers: list[int] = []
+        self._lens_logits: Tensor | None = None  # [2 * lens layers, V], handed back by the forward
 
     def on_residual(self, layer: int, h: Tensor) -> None:
         self._residuals.append(h.float())  # [dim]
@@ -80,11 +89,20 @@ class LayerProbe:
         self._mid.append(h.float())  # [dim]
 
     def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
-        self._attention.append(attention_weights(q, k))
+        self._queries.append(q)  # views; the weights of every layer are computed in one multiply in `detail`
+        self._keys.append(k)
 
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
         self._gates.append(gate.clone())  # [ffn], not a view that would keep the whole batch's projection alive;
         self._ups.append(up.clone())  # ranked once for every layer in `detail`, off the layer loop
+
+    def lens_streams(self) -> Tensor:
+        """Each lens layer's stream after its attention half, then after the whole layer: [2 * lens layers, dim]."""
+        self._lens_layers = self.lens if self.lens is not None else lens_layers(len(self._mid))
+        return torch.cat([torch.stack([self._mid[i] for i in self._lens_layers]), torch.stack([self._residuals[i + 1] for i in self._lens_layers])])
+
+    def on_lens(self, logits: Tensor) -> None:
+        self._lens_logits = logits
 
     def _top_neurons(self) -> list[list[Neuron]]:
         """Per layer, the neurons that send the most into the down projection: largest |silu(gate) * up|."""
@@ -95,18 +113,17 @@ class LayerProbe:
         values = torch.stack([opened.gather(1, top), up.gather(1, top), activation.gather(1, top)], dim=-1).tolist()  # [L, k, 3]
         return [[Neuron(i, g, u, a) for i, (g, u, a) in zip(ids, rows)] for ids, rows in zip(top.tolist(), values)]
 
-    def detail(self, model: Transformer) -> LayerDetail:
-        """Assemble the recorded tensors; the logit lens reads each chosen layer's stream, after its attention half and
-        after the whole layer, through the final norm and head (in one pass)."""
+    def detail(self) -> LayerDetail:
+        """Assemble the recorded tensors and the lens the forward computed."""
+        assert self._lens_logits is not None, "detail() after the forward pass that fed this probe"
         stream = torch.stack(self._residuals)  # [L + 1, dim]
         mid = torch.stack(self._mid)  # [L, dim]
-        layers = self.lens if self.lens is not None else lens_layers(model.config.n_layers)
-        logits = model.logits(torch.cat([mid[layers], stream[1:][layers]]), refine=False)  # [2 * len(layers), V]
+        layers, logits = self._lens_layers, self._lens_logits  # [2 * len(layers), V]
         best_logit, best_id = logits.max(dim=-1)
         best_p = (best_logit - torch.logsumexp(logits, dim=-1)).exp()
         guesses = [LensGuess(layer, i, p) for layer, i, p in zip(layers * 2, best_id.tolist(), best_p.tolist())]
         return LayerDetail(
-            attention=torch.stack(self._attention).to(torch.float16).cpu().numpy(),  # [L, H, S]
+            attention=attention_weights(torch.stack(self._queries), torch.stack(self._keys)).to(torch.float16).cpu().numpy(),  # [L, H, S]
             residual_norms=stream.norm(dim=-1).tolist(),
             logit_lens=guesses[len(layers) :],
             attention_update_norms=(mid - stream[:-1]).norm(dim=-1).tolist(),

@@ -209,7 +209,7 @@ class Scheduler:
             output = SequenceOutput(state.request_id)
             try:
                 probe = probes.get(int(plan.last_tokens[i])) if samples[i] else None
-                detail = probe.detail(self.model) if probe is not None else None
+                detail = probe.detail() if probe is not None else None
                 output.events += state.forwarded(batch, len(fed_tokens), started, detail)
                 if samples[i]:
                     output.events += state.sample(logits[row])
@@ -250,7 +250,7 @@ class Scheduler:
         """
         probe = LayerProbe(lens_layers(self.model.config.n_layers, None))
         self._last_logits(ids, {len(ids) - 1: probe})
-        return probe.detail(self.model)
+        return probe.detail()
 
     @torch.inference_mode()
     def prompt_attention(self, ids: Sequence[int], layer: int) -> Tensor:
