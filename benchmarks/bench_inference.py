@@ -116,6 +116,7 @@ async def served(n: int) -> dict[str, Any]:
     import websockets
 
     from benchmarks.bench_serving import free_port, stop, wait_for
+    from benchmarks.lean_stream import post_lines
 
     workdir = Path(tempfile.mkdtemp(prefix="roundtrip-bench-"))
     env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"), "PYTHONUNBUFFERED": "1"}
@@ -137,19 +138,10 @@ async def served(n: int) -> dict[str, Any]:
             return line.startswith(b"data: {") and b'"content"' in line and b'"content":""' not in line.replace(b" ", b"")
 
         async def sse() -> float:
-            """A lean client (raw HTTP/1.1, lines split in C): on two cores, a client that parses every chunk in Python
-            takes CPU time from the server's own threads, and that cost belongs to the client, not to the serving path."""
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            payload = json.dumps(body).encode()
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                         b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-            stamps, pending = [], b""
-            while data := await reader.read(65536):
-                lines = (pending + data).split(b"\n")
-                pending = lines.pop()
-                now = time.perf_counter()
-                stamps += [now for line in lines if is_token(line)]
-            writer.close()
+            """Read by the benchmarks' lean client: on two cores, a client that parses every chunk in Python takes CPU time
+            from the server's own threads, and that cost belongs to the client, not to the serving path."""
+            stamps = [time.perf_counter() async for line in post_lines(f"{url}/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
+                      if is_token(line)]
             return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
         async def sse_httpx() -> float:

@@ -8,7 +8,8 @@ another; distinct prompts; greedy; `ignore_eos` so every answer is exactly `--ma
 tokens), stops it, then does the same against llama-server (`--parallel` = the highest
 level) built by ../shared/tools/llamacpp-reference. Loopback only. Per level it prints
 aggregate output tokens/s, time to first token and inter-token latency (p50, p99), all
-measured on the client with time.perf_counter, and checks the bars of the batching issue.
+measured on the client with time.perf_counter (a lean client, `benchmarks.lean_stream`, the same
+for both servers), and checks the bars of the batching issue.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from typing import Iterator
 import httpx2 as httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.lean_stream import HTTPStatusError, post_lines  # noqa: E402
 LLAMACPP = Path.home() / ".cache" / "llamacpp-reference"
 TOPICS = ["a lighthouse keeper", "the first moon landing", "a clockmaker's apprentice", "a city under the sea", "an old violin",
           "a desert caravan", "a robot learning to paint", "the last library", "a storm at sea", "a mountain village",
@@ -66,34 +70,32 @@ class Level:
                 "itl_p50": self.stat(gaps, 50), "itl_p99": self.stat(gaps, 99)}
 
 
-async def one_request(client: httpx.AsyncClient, url: str, key: str, model: str, prompt: str, max_tokens: int) -> Result:
+async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: int) -> Result:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     result = Result()
     started = time.perf_counter()
     last = None
     try:
-        async with client.stream("POST", f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    result.tokens = chunk["usage"]["completion_tokens"]
-                if "error" in chunk:
-                    result.error = chunk["error"].get("code") or "error"
-                for choice in chunk.get("choices", []):
-                    if choice["delta"].get("content"):
-                        now = time.perf_counter()
-                        if last is None:
-                            result.ttft = now - started
-                        else:
-                            result.gaps.append(now - last)
-                        last = now
-    except httpx.HTTPError as exc:
+        async for line in post_lines(f"{url}/chat/completions", body, {"Authorization": f"Bearer {key}"}):
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            now = time.perf_counter()
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                result.tokens = chunk["usage"]["completion_tokens"]
+            if "error" in chunk:
+                result.error = chunk["error"].get("code") or "error"
+            for choice in chunk.get("choices", []):
+                if choice["delta"].get("content"):
+                    if last is None:
+                        result.ttft = now - started
+                    else:
+                        result.gaps.append(now - last)
+                    last = now
+    except HTTPStatusError as exc:
+        result.error = str(exc)
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
         result.error = type(exc).__name__
     return result
 
@@ -101,15 +103,13 @@ async def one_request(client: httpx.AsyncClient, url: str, key: str, model: str,
 async def run_level(url: str, key: str, model: str, streams: int, rounds: int, max_tokens: int, offset: int) -> Level:
     prompts = iter(f"Request {offset + i}: write a long, detailed story about {TOPICS[(offset + i) % len(TOPICS)]}." for i in range(streams * rounds))
     results: list[Result] = []
-    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
-        async def stream_client() -> None:
-            for _ in range(rounds):
-                results.append(await one_request(client, url, key, model, next(prompts), max_tokens))
+    async def stream_client() -> None:
+        for _ in range(rounds):
+            results.append(await one_request(url, key, model, next(prompts), max_tokens))
 
-        started = time.perf_counter()
-        await asyncio.gather(*(stream_client() for _ in range(streams)))
+    started = time.perf_counter()
+    await asyncio.gather(*(stream_client() for _ in range(streams)))
     return Level(streams, results, time.perf_counter() - started)
 
 
