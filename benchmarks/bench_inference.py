@@ -8,7 +8,8 @@
    off, summary and full.
 2. Served (`manage.py serve`, default settings): one streaming request through the API (SSE,
    read by a lean client, and again by httpx) and one chat turn over the page's WebSocket at
-   `summary`, timed on the client from first to last token; the server's peak RSS.
+   `summary`, timed on the client from first to last token; the server's peak RSS. The in-process
+   rate is measured again right after, and the served rates are compared with that one.
 3. llama.cpp's prefill and decode on the same file (`llamacpp_side.py`, in the virtualenv that
    ../shared/tools/llamacpp-reference builds).
 """
@@ -97,8 +98,9 @@ def child(weights: str, lengths: list[int], n: int, repeats: int) -> dict[str, A
             "decode": {level: statistics.median(rates) for level, rates in decode.items()}, "peak_rss_mib": peak_rss_mib()}
 
 
-def run_child(weights: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    command = [sys.executable, __file__, "--child", weights, "--prompt-tokens", args.prompt_tokens,
+def run_child(weights: str, args: argparse.Namespace, prompt_tokens: str | None = None) -> dict[str, Any] | None:
+    """One format in a child process; `prompt_tokens` "" measures decoding only."""
+    command = [sys.executable, __file__, "--child", weights, "--prompt-tokens", args.prompt_tokens if prompt_tokens is None else prompt_tokens,
                "--decode-tokens", str(args.decode_tokens), "--repeats", str(args.repeats)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
@@ -116,7 +118,7 @@ async def served(n: int) -> dict[str, Any]:
     import websockets
 
     from benchmarks.bench_serving import free_port, stop, wait_for
-    from benchmarks.lean_stream import post_lines
+    from benchmarks.lean_stream import post_lines_blocking
 
     workdir = Path(tempfile.mkdtemp(prefix="roundtrip-bench-"))
     env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"), "PYTHONUNBUFFERED": "1"}
@@ -140,8 +142,11 @@ async def served(n: int) -> dict[str, Any]:
         async def sse() -> float:
             """Read by the benchmarks' lean client: on two cores, a client that parses every chunk in Python takes CPU time
             from the server's own threads, and that cost belongs to the client, not to the serving path."""
-            stamps = [time.perf_counter() async for line in post_lines(f"{url}/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
-                      if is_token(line)]
+            def read() -> list[float]:
+                lines = post_lines_blocking(f"{url}/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
+                return [time.perf_counter() for line in lines if is_token(line)]
+
+            stamps = await asyncio.to_thread(read)
             return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
         async def sse_httpx() -> float:
@@ -210,7 +215,7 @@ def main() -> None:
     parser.add_argument("--llamacpp-python", help="a Python with llama_cpp ('none' to skip)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    lengths = [int(x) for x in args.prompt_tokens.split(",")]
+    lengths = [int(x) for x in args.prompt_tokens.split(",") if x]
     if args.child:
         print(json.dumps(child(args.child, lengths, args.decode_tokens, args.repeats)))
         return
@@ -231,6 +236,8 @@ def main() -> None:
 
     results = {w: r for w in args.weights.split(",") if (r := run_child(w, args)) is not None}
     server = None if args.skip_server else asyncio.run(served(args.decode_tokens))
+    if server is not None:  # the in-process rate again, right after serving: a machine's speed drifts over minutes
+        server["in_process"] = run_child("auto" if "auto" in results else next(iter(results)), args, prompt_tokens="")
     python = find_llamacpp_python(args.llamacpp_python)
     theirs = bench_llamacpp(python, path, prompts, decode_prompt, args.decode_tokens, args.repeats, torch.get_num_threads()) if python else None
     report(results, server, theirs, lengths, args.decode_tokens, path)
@@ -261,8 +268,10 @@ def report(results: dict[str, dict[str, Any]], server: dict[str, Any] | None, th
         print(f"{w} ({results[w]['weights']}): trace cost summary {100 * (d['off'] / d['summary'] - 1):+.1f}%, "
               f"full {d['off'] / d['full']:.2f}x the time of off{ratio}")
     if server is not None:
-        base = results.get("auto", next(iter(results.values())))["decode"]
-        print(f"\nserved (default settings): SSE {server['sse']:.1f} tok/s ({server['sse'] / base['off']:.0%} of in-process off), "
+        again = server.get("in_process")
+        base = again["decode"] if again else results.get("auto", next(iter(results.values())))["decode"]
+        print(f"\nin-process again right after serving: decode off {base['off']:.1f}, summary {base['summary']:.1f} tok/s")
+        print(f"served (default settings): SSE {server['sse']:.1f} tok/s ({server['sse'] / base['off']:.0%} of in-process off), "
               f"WebSocket at summary {server['websocket_summary']:.1f} tok/s ({server['websocket_summary'] / base['summary']:.0%} of in-process summary), "
               f"server peak RSS {server['peak_rss_mib']:.0f} MiB\n  (SSE read by httpx line by line: {server['sse_httpx']:.1f} tok/s, "
               f"{server['sse_httpx'] / base['off']:.0%}: the client's own parsing shares the two cores)")

@@ -33,7 +33,7 @@ import httpx2 as httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.lean_stream import HTTPStatusError, post_lines  # noqa: E402
+from benchmarks.lean_stream import HTTPStatusError, IncompleteAnswer, post_lines  # noqa: E402
 LLAMACPP = Path.home() / ".cache" / "llamacpp-reference"
 TOPICS = ["a lighthouse keeper", "the first moon landing", "a clockmaker's apprentice", "a city under the sea", "an old violin",
           "a desert caravan", "a robot learning to paint", "the last library", "a storm at sea", "a mountain village",
@@ -95,7 +95,7 @@ async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: i
                     last = now
     except HTTPStatusError as exc:
         result.error = str(exc)
-    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+    except (OSError, IncompleteAnswer, ValueError) as exc:
         result.error = type(exc).__name__
     return result
 
