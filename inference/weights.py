@@ -19,6 +19,7 @@ win (see `inference.weight_choice`).
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
@@ -77,7 +78,7 @@ class Q4Blocks:
         return (groups * self.scales[..., None] + self.minimums[..., None]).reshape(n, k)
 
 
-class Projection(nn.Module):
+class Projection(nn.Module, metaclass=ABCMeta):
     """y = x @ W.T for one weight [out_features, in_features]; x is [rows, in_features], cast to the format's
     compute dtype, and y comes back in it (adding it to a float32 residual stream promotes it for free)."""
 
@@ -89,17 +90,18 @@ class Projection(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.multiply(x.to(self.format.compute_dtype))
 
+    @abstractmethod
     def multiply(self, x: Tensor) -> Tensor:
         """x in the format's compute dtype."""
-        raise NotImplementedError
 
+    @abstractmethod
     def rows(self, ids: Tensor) -> Tensor:
-        """Rows `ids` of the weight as float32 [*ids.shape, in_features]: embedding lookups, exact logits for a few tokens."""
-        raise NotImplementedError(f"{type(self).__name__} cannot look up rows")
+        """Rows `ids` of the weight as float32 [*ids.shape, in_features]: embedding lookups, exact logits for a few
+        tokens (only where `has_rows`)."""
 
+    @abstractmethod
     def state(self) -> dict[str, Any]:
         """Tensors and settings that rebuild this projection (`restore`), for the weights cache."""
-        raise NotImplementedError
 
     @property
     def nbytes(self) -> int:
@@ -194,6 +196,9 @@ class Int4(Projection):
         self.gemm, self.max_eager_rows = gemm, max(1, max_eager_rows)
         return True
 
+    def rows(self, ids: Tensor) -> Tensor:
+        raise TypeError("int4's packed layout has no readable rows: a Head keeps an Int8Rows table beside it")
+
     def multiply(self, x: Tensor) -> Tensor:
         if self.gemm is not None and x.shape[0] > self.max_eager_rows:
             return self.gemm(x, self.packed, self.scales_and_zeros)
@@ -240,8 +245,8 @@ class Head(Projection):
         self.format = ranking.format
         self.in_features, self.out_features = ranking.in_features, ranking.out_features
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.ranking(x)
+    def multiply(self, x: Tensor) -> Tensor:
+        return self.ranking.multiply(x)  # the same format, so x is already in its dtype
 
     def rows(self, ids: Tensor) -> Tensor:
         return self.table.rows(ids)
@@ -259,8 +264,8 @@ class SizeDispatch(Projection):
         self.format = small.format
         self.in_features, self.out_features = small.in_features, small.out_features
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.small(x) if x.shape[0] <= self.max_small_rows else self.large(x)
+    def multiply(self, x: Tensor) -> Tensor:
+        return self.small(x) if x.shape[0] <= self.max_small_rows else self.large(x)  # each casts to its own dtype
 
     @property
     def has_rows(self) -> bool:  # type: ignore[override]

@@ -344,47 +344,51 @@ class EngineRunner:
         """Recompute the full-level detail for the last position of the given ids, and reply with it."""
         model_id, message = arg
         served = self.models[model_id]
-        try:
-            ids = self._checked_ids(served, message.get("ids"), "ids")
-            detail = served.scheduler.inspect(ids)
-        except Exception as exc:
-            self._emit(message["reply_to"], error_reply(message["request_id"], exc))
-            return
-        tokenizer = served.pipeline.loaded.tokenizer
-        self._emit(message["reply_to"], {"type": "inspection", "request_id": message["request_id"],
-                                         "detail": detail_to_dict(detail, tokenizer, INSPECT_BUDGET_POSITIONS)})
+
+        def answer() -> dict[str, Any]:
+            detail = served.scheduler.inspect(self._checked_ids(served, message.get("ids"), "ids"))
+            return {"type": "inspection", "detail": detail_to_dict(detail, served.pipeline.loaded.tokenizer, INSPECT_BUDGET_POSITIONS)}
+
+        self._reply(message, answer)
 
     def _on_prompt_attention(self, arg: tuple[str, PromptAttentionRequest]) -> None:
         """Recompute the prompt with every position's attention at one layer; reply with the matrix."""
         model_id, message = arg
         served = self.models[model_id]
-        try:
+
+        def answer() -> dict[str, Any]:
             ids = self._checked_ids(served, message.get("ids"), "ids")[:PROMPT_MATRIX_POSITIONS]
             layer = message.get("layer")
             if not isinstance(layer, int) or isinstance(layer, bool):
                 raise InvalidRequestError("'layer' must be a layer number", "layer")
             weights = served.scheduler.prompt_attention(ids, layer)
-        except Exception as exc:
-            self._emit(message["reply_to"], error_reply(message["request_id"], exc))
-            return
-        self._emit(message["reply_to"], {"type": "prompt_attention", "request_id": message["request_id"],
-                                         "attention": attention_to_dict(weights.numpy(), PROMPT_MATRIX_POSITIONS)})
+            return {"type": "prompt_attention", "attention": attention_to_dict(weights.numpy(), PROMPT_MATRIX_POSITIONS)}
+
+        self._reply(message, answer)
 
     def _on_resample(self, arg: tuple[str, ResampleRequest]) -> None:
         """Draw a past step again with other settings, from its real logits; reply with the sampled event."""
         model_id, message = arg
         served = self.models[model_id]
-        try:
+
+        def answer() -> dict[str, Any]:
             prompt = self._checked_ids(served, message.get("prompt_ids"), "prompt_ids")
             generated = self._checked_ids(served, message.get("generated"), "generated", at_least=0, before=len(prompt))
             sample = served.scheduler.resample(prompt, generated, params_from_dict(message["params"]))
+            event = Sampled(time.perf_counter(), len(generated) + 1, sample.token_id, sample.logprob, sample.rank,
+                            sample.token_id in served.scheduler.stop_ids, 0.0, sample.top_logprobs, sample.detail)
+            return {"type": "resampled", "event": event_to_dict(event, served.pipeline.loaded.tokenizer)}
+
+        self._reply(message, answer)
+
+    def _reply(self, message: Mapping[str, Any], answer: Callable[[], dict[str, Any]]) -> None:
+        """A one-shot question's answer, or the error that stopped it (a bad request, in the asker's words), to the asker."""
+        try:
+            reply = answer()
         except Exception as exc:
             self._emit(message["reply_to"], error_reply(message["request_id"], exc))
             return
-        event = Sampled(time.perf_counter(), len(generated) + 1, sample.token_id, sample.logprob, sample.rank,
-                        sample.token_id in served.scheduler.stop_ids, 0.0, sample.top_logprobs, sample.detail)
-        self._emit(message["reply_to"], {"type": "resampled", "request_id": message["request_id"],
-                                         "event": event_to_dict(event, served.pipeline.loaded.tokenizer)})
+        self._emit(message["reply_to"], {**reply, "request_id": message["request_id"]})
 
     @staticmethod
     def _checked_ids(served: Served, ids: object, name: str, at_least: int = 1, before: int = 0) -> list[int]:
