@@ -114,7 +114,7 @@ def load_model(
     setting = weights if weights is not None else os.environ.get("ROUNDTRIP_WEIGHTS", "auto")
     try:
         plan, kernels = weight_choice.choose(config, target, setting, weights_cache.cache_dir() if use_cache else None,
-                                             lambda note: report(LoadProgress("kernels", 0, 1, note)))
+                                             lambda note: report(LoadProgress("kernels", 0, 1, note)), weights_cache.cache_dir())
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None
     state = weights_cache.load_weights(path, plan.key) if use_cache else None

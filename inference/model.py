@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from inference import q4_vnni
 from inference.batch import AttentionGroup, BatchPlan, Chunk
 from inference.config import ModelConfig
 from inference.kv_cache import SlotCache
@@ -47,7 +48,10 @@ class ForwardProbe(Protocol):
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x / rms(x) * weight, in one fused op (which accumulates in float32 for bfloat16 inputs)."""
+    """x / rms(x) * weight: one pass per row through our CPU kernel when it is loaded (torch's runs six ops), else
+    torch's (which accumulates in float32 for bfloat16 inputs)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and q4_vnni.is_loaded():
+        return q4_vnni.rms_norm(x, weight, eps)
     return F.rms_norm(x, weight.shape, weight, eps)
 
 

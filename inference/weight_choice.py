@@ -12,6 +12,9 @@ times each format on matrices of this model's shapes (about a second) and keeps:
 - int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
   beats the eager int4 kernel — it reads the same weights, so it costs no memory (prefill and
   batched decode steps several times faster);
+- or, instead of torch's int4 kernels, the int4 x int8 VNNI kernel (`inference.q4_vnni`, CPUs with
+  AVX512-VNNI) when it is faster over the batch sizes a serving engine decodes (1 to 16 rows): it
+  keeps the weights in a layout of its own, so it replaces the other two rather than joining them;
 - above some row count, another format, only if it is still clearly faster for prompt-sized
   batches; `max_decode_rows` is the last measured size where the decode format keeps up.
   A second format costs its weights' memory again.
@@ -33,7 +36,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from inference import int4_gemm
+from inference import int4_gemm, q4_vnni
 from inference.config import ModelConfig
 from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, SizeDispatch, WeightFormat, build, supports_int4
 
@@ -45,6 +48,8 @@ CLEAR_WIN = 1.3  # a second format or layout must be this much faster on prompt-
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
 ROUNDS = 3  # the formats take turns this many times; each keeps its best
 COMPILED = "int4 compiled GEMM"  # int4 through the compiled GEMM, measured beside the formats
+VNNI = "int4 VNNI kernel"  # int4 in the VNNI kernel's layout, measured beside the formats
+SERVING_ROWS = (1, 2, 4, 8, 16)  # the batch sizes of decode steps, where the int4 kernels are compared
 
 Kernels = dict[int4_gemm.Shape, int4_gemm.Kernel]
 
@@ -55,11 +60,13 @@ class WeightPlan:
     prefill: WeightFormat | None = None
     max_decode_rows: int = 0  # with a prefill format: batches of more rows than this use it
     gemm_above: int = 0  # int4 batches of more rows than this use the compiled GEMM (0: never)
+    vnni: bool = False  # int4 is kept in the VNNI kernel's layout and multiplied by it
 
     @property
     def key(self) -> str:
         """What the weights in memory are (the compiled GEMM reads int4's own, so it is not part of it)."""
-        return self.decode.value if self.prefill is None else f"{self.decode.value}+{self.prefill.value}@{self.max_decode_rows}"
+        decode = self.decode.value + ("-vnni" if self.vnni else "")
+        return decode if self.prefill is None else f"{decode}+{self.prefill.value}@{self.max_decode_rows}"
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -71,6 +78,8 @@ class WeightPlan:
 
     def describe(self) -> str:
         text = self.decode.value
+        if self.vnni:
+            text += " (int8 x int4 VNNI kernel)"
         if self.gemm_above:
             text += f" (compiled AMX GEMM above {self.gemm_above} rows)"
         if self.prefill is not None:
@@ -95,7 +104,7 @@ class WeightPlan:
     def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None) -> Projection:
         if fmt is WeightFormat.INT4 and not supports_int4(*dense.shape):
             return Int8.quantize(dense)
-        return build(fmt, dense, blocks)
+        return build(fmt, dense, blocks, vnni=self.vnni)
 
 
 def model_shapes(config: ModelConfig) -> list[int4_gemm.Shape]:
@@ -126,32 +135,40 @@ def parse(setting: str, device: torch.device) -> WeightPlan | None:
 
 
 def choose(
-    config: ModelConfig, device: torch.device, setting: str, cache_dir: Path | None = None, report: Callable[[str], None] = lambda note: None
+    config: ModelConfig,
+    device: torch.device,
+    setting: str,
+    cache_dir: Path | None = None,
+    report: Callable[[str], None] = lambda note: None,
+    kernel_dir: Path | None = None,
 ) -> tuple[WeightPlan, Kernels | None]:
-    """The plan for this model on this device — the setting's, else remembered, else measured (and remembered) —
-    and the compiled int4 GEMM kernels when the plan uses them."""
+    """The plan for this model on this device — the setting's, else remembered (in `cache_dir`), else measured
+    (and remembered) — and the compiled int4 GEMM kernels when the plan uses them. The VNNI kernel is built into
+    and loaded from `kernel_dir` (default `cache_dir`): it takes seconds to build, the compiled GEMMs minutes."""
     plan = parse(setting, device)
     if device.type != "cpu":
         return plan or WeightPlan(WeightFormat.BF16), None
     if plan is not None and not plan.uses(WeightFormat.INT4):
         return plan, None
+    kernel_dir = kernel_dir or cache_dir
+    vnni = kernel_dir is not None and q4_vnni.load(kernel_dir, report)
     kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None else None
-    if plan is not None and kernels is None:
+    if plan is not None and kernels is None and not vnni:
         return plan, None
-    memo = _memo_path(config, cache_dir, setting, kernels is not None) if cache_dir is not None else None
+    memo = _memo_path(config, cache_dir, setting, kernels is not None, vnni) if cache_dir is not None else None
     remembered = _recall(memo)
     if remembered is not None:
         return remembered, kernels if remembered.gemm_above else None
     report("measuring which weight format is fastest on this CPU")
     quiet = _machine_is_quiet()
-    timings, compiled = measure(config, kernels)
+    timings, compiled, vnni_times = measure(config, kernels, vnni=vnni)
     quiet = quiet and _machine_is_quiet()
     if plan is None:
-        plan = decide(timings, compiled)
-    elif compiled and plan.uses(WeightFormat.INT4):
-        plan = WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _gemm_above(timings, compiled))
+        plan = decide(timings, compiled, vnni_times)
+    else:
+        plan = _int4_kernel(plan, timings, compiled, vnni_times)
     if memo is not None and quiet:
-        _remember(memo, plan, timings, compiled)
+        _remember(memo, plan, timings, compiled, vnni_times)
     elif memo is not None:
         report("the CPU was busy with other work while measuring: this choice is not remembered, the next start measures again")
     return plan, kernels if plan.gemm_above else None
@@ -167,9 +184,12 @@ def _machine_is_quiet() -> bool:
 Timings = dict[WeightFormat, dict[int, float]]  # seconds for one sample of layers, by format and row count
 
 
-def measure(config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int, ...] = ROWS) -> tuple[Timings, dict[int, float]]:
+def measure(
+    config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int, ...] = ROWS, vnni: bool = False
+) -> tuple[Timings, dict[int, float], dict[int, float]]:
     """Time each format on a few layers' worth of matrices of this model's shapes, at each row count;
-    and int4 through the compiled GEMM (from 2 rows) when `kernels` are given.
+    int4 through the compiled GEMM (from 2 rows) when `kernels` are given, and int4 through the VNNI kernel when
+    `vnni` (it is loaded).
 
     The formats take turns over `ROUNDS` rounds and each keeps its best time, so a burst of other work on the
     machine slows every format alike instead of deciding the ranking by when it happened to hit."""
@@ -192,6 +212,8 @@ def measure(config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int
                     p.attach(kernels[(p.out_features, p.in_features)], 1, check=False)
                 compiled.append(p)
             candidates[COMPILED] = (compiled, tuple(n for n in rows if n > 1))
+        if fmt is WeightFormat.INT4 and vnni:
+            candidates[VNNI] = ([build(fmt, d, vnni=True) for d in dense], rows)
     inputs = {n: torch.randn(n, c.dim) for n in rows}
     best: dict[WeightFormat | str, dict[int, float]] = {key: {n: float("inf") for n in counts} for key, (_, counts) in candidates.items()}
     for _ in range(ROUNDS):
@@ -199,7 +221,8 @@ def measure(config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int
             for n in counts:
                 best[key][n] = min(best[key][n], _time(projections, inputs[n], c))
     compiled_times = best.pop(COMPILED, {})
-    return {WeightFormat(k): v for k, v in best.items()}, compiled_times
+    vnni_times = best.pop(VNNI, {})
+    return {WeightFormat(k): v for k, v in best.items()}, compiled_times, vnni_times
 
 
 def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> float:
@@ -224,9 +247,30 @@ def _gemm_above(timings: Timings, compiled: dict[int, float]) -> int:
     return max((n for n in sorted(eager) if n not in compiled or eager[n] <= compiled[n]), default=1)
 
 
-def decide(timings: Timings, compiled: dict[int, float] | None = None) -> WeightPlan:
-    """The fastest format at one row for decoding (with int4's compiled GEMM for larger batches where it helps);
-    a second format for prompt-sized batches only when it is still clearly faster there."""
+def _vnni_wins(timings: Timings, compiled: dict[int, float] | None, vnni: dict[int, float] | None) -> bool:
+    """Whether int4 through the VNNI kernel beats torch's int4 kernels (eager, or compiled where faster) over the
+    batch sizes of decode steps."""
+    if not vnni or WeightFormat.INT4 not in timings:
+        return False
+    eager, compiled = timings[WeightFormat.INT4], compiled or {}
+    torch_total = sum(min(eager[n], compiled.get(n, eager[n])) for n in SERVING_ROWS if n in eager)
+    return sum(vnni[n] for n in SERVING_ROWS if n in eager) < torch_total
+
+
+def _int4_kernel(plan: WeightPlan, timings: Timings, compiled: dict[int, float], vnni: dict[int, float]) -> WeightPlan:
+    """A set plan's int4 kernels: the VNNI kernel where it wins, else torch's compiled GEMM above its crossover."""
+    if _vnni_wins(timings, compiled, vnni):
+        return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, vnni=True)
+    return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _gemm_above(timings, compiled) if compiled else 0)
+
+
+def decide(timings: Timings, compiled: dict[int, float] | None = None, vnni: dict[int, float] | None = None) -> WeightPlan:
+    """The fastest format at one row for decoding (with int4's faster kernel: the VNNI one, or the compiled GEMM
+    for larger batches where it helps); a second format for prompt-sized batches only when it is still clearly
+    faster there."""
+    use_vnni = _vnni_wins(timings, compiled, vnni)
+    if use_vnni:
+        timings, compiled = {**timings, WeightFormat.INT4: vnni or {}}, None
     fastest = min(timings, key=lambda f: timings[f][1])
     decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
     gemm_above = _gemm_above(timings, compiled) if compiled and decode is WeightFormat.INT4 else 0
@@ -234,15 +278,16 @@ def decide(timings: Timings, compiled: dict[int, float] | None = None) -> Weight
     if gemm_above:
         effective[decode] = {n: min(t, compiled.get(n, t)) for n, t in timings[decode].items()}  # type: ignore[union-attr]
     prefill = min(effective, key=lambda f: effective[f][PREFILL_ROWS])
+    vnni_used = use_vnni and decode is WeightFormat.INT4
     if prefill is decode or effective[decode][PREFILL_ROWS] < CLEAR_WIN * effective[prefill][PREFILL_ROWS]:
-        return WeightPlan(decode, gemm_above=gemm_above)
+        return WeightPlan(decode, gemm_above=gemm_above, vnni=vnni_used)
     keeps_up = [n for n in sorted(effective[decode]) if effective[decode][n] <= effective[prefill][n]]
-    return WeightPlan(decode, prefill, max(keeps_up, default=1), gemm_above)
+    return WeightPlan(decode, prefill, max(keeps_up, default=1), gemm_above, vnni_used or (use_vnni and prefill is WeightFormat.INT4))
 
 
-def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool) -> Path:
+def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool, vnni: bool) -> Path:
     key = (f"{int4_gemm._cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|"
-           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}")
+           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}|{vnni}")
     return cache_dir / f"weight-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -252,16 +297,18 @@ def _recall(memo: Path | None) -> WeightPlan | None:
     try:
         saved = json.loads(memo.read_text())
         prefill = WeightFormat(saved["prefill"]) if saved["prefill"] else None
-        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["gemm_above"]))
+        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["gemm_above"]), bool(saved["vnni"]))
     except (OSError, ValueError, KeyError):
         return None
 
 
-def _remember(memo: Path, plan: WeightPlan, timings: Timings, compiled: dict[int, float]) -> None:
+def _remember(memo: Path, plan: WeightPlan, timings: Timings, compiled: dict[int, float], vnni: dict[int, float]) -> None:
     """The decision and the measurements behind it (milliseconds), for the next start and for curious people."""
     record = {"decode": plan.decode.value, "prefill": plan.prefill.value if plan.prefill else None, "max_decode_rows": plan.max_decode_rows,
-              "gemm_above": plan.gemm_above, "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
-              "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in compiled.items()}}
+              "gemm_above": plan.gemm_above, "vnni": plan.vnni,
+              "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
+              "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in compiled.items()},
+              "int4_vnni_ms": {str(r): t * 1000 for r, t in vnni.items()}}
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(json.dumps(record))

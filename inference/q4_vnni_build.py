@@ -1,0 +1,33 @@
+"""Compiles the int4 x int8 VNNI kernel (see `inference.q4_vnni`); runs in a child process of its own.
+
+    python -m inference.q4_vnni_build LIBRARY_PATH
+
+torch's C++ extension builder compiles `q4_vnni.cpp` and `rms_norm.cpp` against this torch's headers in a scratch folder;
+the library is then moved into place whole, so a build that dies half-way leaves nothing to load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from torch.utils.cpp_extension import load
+
+from inference.q4_vnni import FLAGS, SOURCES
+
+
+def main(target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = load(name="roundtrip_q4_vnni", sources=[str(source) for source in SOURCES], extra_cflags=list(FLAGS), build_directory=scratch,
+                     is_python_module=False, verbose=False)
+        staged = target.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(str(built), staged)
+        os.replace(staged, target)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
