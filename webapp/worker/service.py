@@ -43,6 +43,7 @@ def scheduler_config() -> SchedulerConfig:
         max_waiting=settings.ROUNDTRIP_MAX_QUEUED,
         kv_budget_bytes=settings.ROUNDTRIP_KV_CACHE_BYTES,
         prefill_chunk=settings.ROUNDTRIP_PREFILL_CHUNK,
+        prefill_chunk_decoding=settings.ROUNDTRIP_PREFILL_CHUNK_DECODING,
         prefix_cache_bytes=settings.ROUNDTRIP_PREFIX_CACHE_BYTES,
     )
 
