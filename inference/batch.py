@@ -5,8 +5,10 @@ a decode token per decoding sequence and a chunk of prompt for newcomers. Everyt
 attention (embeddings, projections, norms, the feed-forward) runs on all N tokens at once.
 Attention runs in a few groups, planned here once per forward and shared by every layer:
 
-- single-token chunks (decode steps) of ordinary length share one call over the cache
-  slots they occupy, padded to the longest of them and masked;
+- single-token chunks (decode steps) go to our decode-attention kernel (`inference.cpu_kernels`)
+  when it is loaded, each row reading exactly its own sequence's keys (`DecodeRows`); without it,
+  those of ordinary length share one call over the cache slots they occupy, padded to the longest
+  of them and masked;
 - a single-token chunk much longer than the others gets its own call, so one long
   conversation does not make every short row read thousands of masked positions;
 - each multi-token chunk (prefill) gets its own causal call over its slot.
@@ -60,6 +62,17 @@ class AttentionGroup:
 
 
 @dataclass(frozen=True)
+class DecodeRows:
+    """The single-token chunks of a forward, for the decode-attention kernel: token i of `tokens` attends over the
+    first lengths[i] positions of cache slot slots[i]."""
+
+    tokens: Tensor  # [n] indices into the flattened batch
+    slots: Tensor  # [n]
+    lengths: Tensor  # [n]
+    every_token: bool  # the forward is these rows alone, in order (a pure decode step): no gather, no scatter
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     """Everything about a forward that does not depend on the layer, computed once."""
 
@@ -69,14 +82,16 @@ class BatchPlan:
     freqs: Tensor  # [N, rope_dim / 2] complex rotations
     groups: tuple[AttentionGroup, ...]
     last_tokens: Tensor  # [n_chunks] the index of each chunk's last token
+    decode: DecodeRows | None = None  # with `decode_kernel`: the single-token chunks, which no group then holds
 
     @property
     def n_tokens(self) -> int:
         return int(self.token_slots.shape[0])
 
     @classmethod
-    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor, dtype: torch.dtype = torch.float32) -> BatchPlan:
-        """`dtype`: the activations', for the additive attention masks."""
+    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor, dtype: torch.dtype = torch.float32, decode_kernel: bool = False) -> BatchPlan:
+        """`dtype`: the activations', for the additive attention masks; `decode_kernel`: single-token chunks are
+        attended by the decode-attention kernel instead of in groups."""
         device = freqs_cis.device
         offsets = [0]
         for chunk in chunks:
@@ -84,12 +99,21 @@ class BatchPlan:
         slots = torch.tensor([c.slot for c in chunks for _ in range(c.length)], device=device)
         positions = torch.tensor([p for c in chunks for p in range(c.start, c.end)], device=device)
         singles = [(i, c) for i, c in enumerate(chunks) if c.length == 1]
+        decode = None
+        if decode_kernel and singles:
+            decode = DecodeRows(
+                tokens=torch.tensor([offsets[i] for i, _ in singles], device=device),
+                slots=torch.tensor([c.slot for _, c in singles], device=device),
+                lengths=torch.tensor([c.end for _, c in singles], device=device),
+                every_token=len(singles) == len(chunks) and all(offsets[i] == i for i, _ in singles),
+            )
+            singles = []
         typical = median(c.end for _, c in singles) if singles else 0
         long_from = max(LONG_ROW_FACTOR * typical, LONG_ROW_MIN)
         short = [(i, c) for i, c in singles if c.end < long_from]
         groups = [_padded_group([(offsets[i], c) for i, c in short], device, dtype)] if short else []
         for i, chunk in enumerate(chunks):
-            if chunk.length > 1 or chunk.end >= long_from:
+            if chunk.length > 1 or (decode is None and chunk.end >= long_from):
                 groups.append(_chunk_group(offsets[i], chunk, device, dtype))
         return cls(
             chunks=tuple(chunks),
@@ -98,6 +122,7 @@ class BatchPlan:
             freqs=freqs_cis[positions],
             groups=tuple(groups),
             last_tokens=torch.tensor(offsets[1:], device=device) - 1,
+            decode=decode,
         )
 
 

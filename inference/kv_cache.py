@@ -75,6 +75,10 @@ class SlotCache:
         self.k[layer][plan.token_slots, :, plan.token_positions] = k
         self.v[layer][plan.token_slots, :, plan.token_positions] = v
 
+    def layer(self, layer: int) -> tuple[Tensor, Tensor]:
+        """One layer's keys and values [slots, n_kv, capacity, hd]: contiguous views."""
+        return self.k[layer], self.v[layer]
+
     def view(self, layer: int, lo: int, hi: int, length: int) -> tuple[Tensor, Tensor]:
         """Keys and values [hi - lo, n_kv, length, hd] of slots lo..hi-1: a view, no copy."""
         return self.k[layer, lo:hi, :, :length], self.v[layer, lo:hi, :, :length]

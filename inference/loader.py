@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference import weight_choice, weights_cache
+from inference import cpu_kernels, weight_choice, weights_cache
 from inference.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inference.config import ModelConfig
 from inference.errors import ModelFileError
@@ -113,8 +113,10 @@ def load_model(
     target = pick_device(device)
     setting = weights if weights is not None else os.environ.get("ROUNDTRIP_WEIGHTS", "auto")
     try:
+        if target.type == "cpu":
+            cpu_kernels.load(weights_cache.cache_dir(), lambda note: report(LoadProgress("kernels", 0, 1, note)))
         plan, kernels = weight_choice.choose(config, target, setting, weights_cache.cache_dir() if use_cache else None,
-                                             lambda note: report(LoadProgress("kernels", 0, 1, note)), weights_cache.cache_dir())
+                                             lambda note: report(LoadProgress("kernels", 0, 1, note)))
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None
     state = weights_cache.load_weights(path, plan.key) if use_cache else None

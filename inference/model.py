@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from inference import q4_vnni
-from inference.batch import AttentionGroup, BatchPlan, Chunk
+from inference import cpu_kernels
+from inference.batch import AttentionGroup, BatchPlan, Chunk, DecodeRows
 from inference.config import ModelConfig
 from inference.kv_cache import SlotCache
 from inference.model_weights import BlockWeights, ModelWeights
@@ -50,8 +50,8 @@ class ForwardProbe(Protocol):
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / rms(x) * weight: one pass per row through our CPU kernel when it is loaded (torch's runs six ops), else
     torch's (which accumulates in float32 for bfloat16 inputs)."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and q4_vnni.is_loaded():
-        return q4_vnni.rms_norm(x, weight, eps)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and cpu_kernels.is_loaded():
+        return cpu_kernels.rms_norm(x, weight, eps)
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
@@ -119,6 +119,8 @@ class Block(nn.Module):
             keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, int(plan.token_positions[token]) + 1)
             probe.on_attention(layer, q[token], keys[0])
         out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
+        if plan.decode is not None:
+            _attend_decode_rows(q, cache, layer, plan.decode, out)
         for group in plan.groups:
             _attend_group(q, cache, layer, group, out, c.kv_group_size)
         return self.attn_output(out.view(N, c.n_heads * c.head_dim))  # [N, dim]
@@ -129,6 +131,16 @@ class Block(nn.Module):
         for token, probe in probes.items():
             probe.on_feed_forward(layer, gate[token], up[token])
         return self.ffn_down(F.silu(gate) * up)
+
+
+def _attend_decode_rows(q: Tensor, cache: SlotCache, layer: int, rows: DecodeRows, out: Tensor) -> None:
+    """Every decode row against its own sequence's keys, in one call of the decode-attention kernel."""
+    keys, values = cache.layer(layer)  # [slots, KV, capacity, hd] each
+    scale = q.shape[-1] ** -0.5
+    if rows.every_token:
+        out.copy_(cpu_kernels.decode_attention(q, keys, values, rows.slots, rows.lengths, scale))
+    else:
+        out[rows.tokens] = cpu_kernels.decode_attention(q[rows.tokens], keys, values, rows.slots, rows.lengths, scale)
 
 
 def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:
@@ -239,4 +251,9 @@ class Transformer(nn.Module):
         """The layout of a forward over `chunks` (see `inference.batch`), on this model's device and dtype."""
         if self.freqs_cis.device != self.device:
             self.freqs_cis = self.freqs_cis.to(self.device)  # moved once
-        return BatchPlan.build(chunks, self.freqs_cis, self.dtype)
+        return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel)
+
+    @property
+    def decode_kernel(self) -> bool:
+        """Whether decode rows are attended by our kernel (float32 on a CPU that has it loaded)."""
+        return self.device.type == "cpu" and self.dtype == torch.float32 and self.config.head_dim in (32, 64, 128, 256) and cpu_kernels.is_loaded()

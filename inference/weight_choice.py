@@ -12,7 +12,7 @@ times each format on matrices of this model's shapes (about a second) and keeps:
 - int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
   beats the eager int4 kernel — it reads the same weights, so it costs no memory (prefill and
   batched decode steps several times faster);
-- or, instead of torch's int4 kernels, the int4 x int8 VNNI kernel (`inference.q4_vnni`, CPUs with
+- or, instead of torch's int4 kernels, the int4 x int8 VNNI kernel (`inference.cpu_kernels`, CPUs with
   AVX512-VNNI) when it is faster over the batch sizes a serving engine decodes (1 to 16 rows): it
   keeps the weights in a layout of its own, so it replaces the other two rather than joining them;
 - above some row count, another format, only if it is still clearly faster for prompt-sized
@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from inference import int4_gemm, q4_vnni
+from inference import cpu_kernels, int4_gemm
 from inference.config import ModelConfig
 from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, SizeDispatch, WeightFormat, build, supports_int4
 
@@ -140,18 +140,16 @@ def choose(
     setting: str,
     cache_dir: Path | None = None,
     report: Callable[[str], None] = lambda note: None,
-    kernel_dir: Path | None = None,
 ) -> tuple[WeightPlan, Kernels | None]:
     """The plan for this model on this device — the setting's, else remembered (in `cache_dir`), else measured
-    (and remembered) — and the compiled int4 GEMM kernels when the plan uses them. The VNNI kernel is built into
-    and loaded from `kernel_dir` (default `cache_dir`): it takes seconds to build, the compiled GEMMs minutes."""
+    (and remembered) — and the compiled int4 GEMM kernels when the plan uses them. The VNNI kernel is a candidate
+    when our CPU kernels are loaded (`inference.cpu_kernels`)."""
     plan = parse(setting, device)
     if device.type != "cpu":
         return plan or WeightPlan(WeightFormat.BF16), None
     if plan is not None and not plan.uses(WeightFormat.INT4):
         return plan, None
-    kernel_dir = kernel_dir or cache_dir
-    vnni = kernel_dir is not None and q4_vnni.load(kernel_dir, report)
+    vnni = cpu_kernels.is_loaded()
     kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None else None
     if plan is not None and kernels is None and not vnni:
         return plan, None

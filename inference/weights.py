@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from inference import int4_gemm, q4_vnni
+from inference import cpu_kernels, int4_gemm
 
 GROUP = 32  # weights per int4 group: GGUF's Q4_0/Q4_1 block size
 
@@ -214,7 +214,7 @@ class Int4(Projection):
 
 
 class Int4Vnni(Projection):
-    """Q4_1 groups in the layout of the VNNI kernel (`inference.q4_vnni`): it takes float32 rows as they are
+    """Q4_1 groups in the layout of the VNNI kernel (`inference.cpu_kernels.q4_mm`): it takes float32 rows as they are
     (quantizing them to int8 itself) and gives float32 back, and a row's result does not depend on the others'."""
 
     format = WeightFormat.INT4
@@ -230,10 +230,10 @@ class Int4Vnni(Projection):
     @classmethod
     def from_blocks(cls, blocks: Q4Blocks) -> Int4Vnni:
         n, k = blocks.codes.shape
-        return cls(q4_vnni.pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
+        return cls(cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
 
     def multiply(self, x: Tensor) -> Tensor:
-        return q4_vnni.multiply(x, self.packed, self.out_features)
+        return cpu_kernels.q4_mm(x, self.packed, self.out_features)
 
     def rows(self, ids: Tensor) -> Tensor:
         raise TypeError("int4's packed layout has no readable rows: a Head keeps an Int8Rows table beside it")
@@ -323,7 +323,7 @@ def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | Non
         if blocks is None:
             assert dense is not None
             blocks = Q4Blocks.quantize(dense)
-        if vnni and q4_vnni.supported(*blocks.codes.shape):
+        if vnni and cpu_kernels.q4_supported(*blocks.codes.shape):
             return Int4Vnni.from_blocks(blocks)
         return Int4.from_blocks(blocks)
     if dense is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference import int4_gemm, q4_vnni
+from inference import cpu_kernels, int4_gemm
 from inference.config import ModelConfig
 from inference.weight_choice import WeightPlan, choose, decide, parse
 from inference.weights import WeightFormat as F
@@ -94,7 +94,7 @@ def test_a_choice_measured_on_a_busy_cpu_is_not_remembered(load: float, remember
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(int4_gemm, "load", lambda *args: None)  # no compiled GEMM: the eager formats only
-    monkeypatch.setattr(q4_vnni, "load", lambda *args: False)  # nor the VNNI kernel
+    monkeypatch.setattr(cpu_kernels, "is_loaded", lambda: False)  # nor our CPU kernels
     notes: list[str] = []
     plan, _ = choose(_tiny_config(), CPU, "auto", tmp_path, notes.append)
     assert plan.decode in F

@@ -1,8 +1,8 @@
-"""Compiles the int4 x int8 VNNI kernel (see `inference.q4_vnni`); runs in a child process of its own.
+"""Compiles Roundtrip's CPU kernels (see `inference.cpu_kernels`); runs in a child process of its own.
 
-    python -m inference.q4_vnni_build LIBRARY_PATH
+    python -m inference.cpu_kernels_build LIBRARY_PATH
 
-torch's C++ extension builder compiles `q4_vnni.cpp` and `rms_norm.cpp` against this torch's headers in a scratch folder;
+torch's C++ extension builder compiles `inference/kernels/*.cpp` against this torch's headers in a scratch folder;
 the library is then moved into place whole, so a build that dies half-way leaves nothing to load.
 """
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 from torch.utils.cpp_extension import load
 
-from inference.q4_vnni import FLAGS, SOURCES
+from inference.cpu_kernels import FLAGS, SOURCES
 
 
 def main(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = load(name="roundtrip_q4_vnni", sources=[str(source) for source in SOURCES], extra_cflags=list(FLAGS), build_directory=scratch,
+        built = load(name="roundtrip_cpu_kernels", sources=[str(source) for source in SOURCES], extra_cflags=list(FLAGS), build_directory=scratch,
                      is_python_module=False, verbose=False)
         staged = target.with_suffix(f".{os.getpid()}.tmp")
         shutil.copyfile(str(built), staged)

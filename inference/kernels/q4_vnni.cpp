@@ -5,7 +5,7 @@
 // into every row of a tile of up to 8 rows (VPDPBUSD: unsigned 4-bit codes x signed 8-bit activations),
 // as llama.cpp does: activations are quantized to int8 per group of 32 with a float scale.
 //
-// Weight layout (built by inference/q4_vnni.py), one byte stream per block of 16 outputs:
+// Weight layout (built by inference/cpu_kernels.py), one byte stream per block of 16 outputs:
 //   [N/16, K/32, 320] bytes; for each group of 32 inputs:
 //     4 x 64 bytes of codes: for quad qd, output n, byte j: code[k = 8 qd + j] | code[k = 8 qd + 4 + j] << 4
 //     16 fp16 scales, then 16 fp16 minimums (w = code * scale + minimum, GGUF's Q4_1)

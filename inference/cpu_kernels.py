@@ -1,0 +1,123 @@
+"""Our own CPU kernels (`inference/kernels/*.cpp`), for the three places where torch's leave most of a batched decode step.
+
+- `q4_mm` (`q4_vnni.cpp`): int4 weights times int8 activations on AVX512-VNNI. torch's eager int4
+  kernel decodes each weight again for every block of 4 rows, so a step of 8 sequences costs twice
+  one; inductor's AMX GEMM costs 2.5 times one row from 2 rows up. This one unpacks each group of
+  weights once and multiplies it into up to 8 rows with VPDPBUSD (activations quantized to int8 per
+  group of 32, as llama.cpp does). A row's result does not depend on the other rows of the batch, so
+  a request decoded in a batch gives exactly what it gives alone.
+- `rms_norm` (`rms_norm.cpp`): one pass per row, where torch's CPU RMSNorm runs six ops.
+- `decode_attention` (`decode_attention.cpp`): each decode row against exactly its own sequence's
+  keys, where torch's SDPA pads every row to the longest and is tuned for long query blocks.
+
+The library is compiled once per torch build and source, in a child process (`python -m
+inference.cpu_kernels_build PATH`, about 30 s), cached beside the weights, and loaded as torch
+operators. A CPU without AVX512-VNNI, a failed build, or `ROUNDTRIP_CPU_KERNELS=off` leaves it out,
+and the model runs on torch's own kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("roundtrip.inference")
+
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4_vnni.cpp", "rms_norm.cpp", "decode_attention.cpp"))
+FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+BLOCK_N = 16  # outputs per block of q4_mm's packed layout
+GROUP = 32  # inputs per quantization group (the weights' and the activations')
+
+_loaded = False  # set once `load` has loaded the library into this process
+
+
+def cpu_supports() -> bool:
+    """Whether this CPU has every instruction the kernels are compiled for."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return all(flag in flags for flag in CPU_FLAGS)
+
+
+def library_path(cache_dir: Path) -> Path:
+    """A library belongs to a torch build (its C++ ABI) and to these sources and flags."""
+    sources = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES)).hexdigest()
+    key = f"{torch.__version__}|{' '.join(FLAGS)}|{sources}"
+    return cache_dir / "kernels" / f"roundtrip-cpu-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+
+
+def is_loaded() -> bool:
+    return _loaded
+
+
+def load(cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> bool:
+    """Load the kernels, building them the first time; whether they are loaded."""
+    global _loaded
+    if os.environ.get("ROUNDTRIP_CPU_KERNELS", "auto") == "off" or not cpu_supports():
+        return False
+    if _loaded:
+        return True
+    library = library_path(cache_dir)
+    if not library.exists():
+        report("building Roundtrip's CPU kernels (first start only, about 30 s)")
+        root = SOURCES[0].parent.parent.parent
+        done = subprocess.run([sys.executable, "-m", "inference.cpu_kernels_build", str(library)], cwd=root, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+        if done.returncode != 0:
+            log.warning("Roundtrip's CPU kernels did not build; the model runs on torch's:\n%s", done.stderr[-2000:])
+            return False
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as exc:
+        log.warning("Roundtrip's CPU kernels do not load (%s); the model runs on torch's", exc)
+        return False
+    _loaded = True
+    return True
+
+
+def q4_supported(n: int, k: int) -> bool:
+    return n % BLOCK_N == 0 and k % GROUP == 0
+
+
+def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
+    """Q4_1 blocks (codes uint8 [N, K] in 0..15, scales and minimums [N, K/32]) in q4_mm's layout:
+    uint8 [N/16, K/32, 320], one contiguous stream of codes, scales and minimums per block of 16 outputs."""
+    n, k = codes.shape
+    nb, groups = n // BLOCK_N, k // GROUP
+    quads = codes.view(nb, BLOCK_N, groups, 4, 2, 4)  # [N/16, 16, K/32, quad, half, 4]: input 8 quad + 4 half + j
+    nibbles = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, groups, 256)  # [N/16, K/32, quad*16*4]
+
+    def halves(values: Tensor) -> Tensor:
+        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)  # [N/16, K/32, 32]
+
+    return torch.cat([nibbles, halves(scales), halves(minimums)], dim=-1).contiguous()
+
+
+def q4_mm(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
+    """float32 y [M, N] = x [M, K] @ W.T."""
+    y: Tensor = torch.ops.roundtrip.q4_mm(x, packed, out_features)
+    return y
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / rms(x) * weight over the last dimension, float32 in and out."""
+    y: Tensor = torch.ops.roundtrip.rms_norm(x, weight, eps)
+    return y
+
+
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor, scale: float) -> Tensor:
+    """q [n, H, hd]; keys and values one layer of the cache [slots, KV, capacity, hd]; row i attends over the first
+    lengths[i] positions of slot slots[i]. Returns [n, H, hd], float32."""
+    y: Tensor = torch.ops.roundtrip.decode_attention(q, keys, values, slots, lengths, scale)
+    return y

@@ -1,0 +1,98 @@
+"""Our CPU kernels: built here, checked against torch's arithmetic and for batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference import cpu_kernels, weights_cache
+from inference.weights import Int4Vnni, Q4Blocks, WeightFormat, build, restore
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.cpu_supports(), reason="this CPU lacks AVX512-VNNI: the model runs on torch's kernels")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernel() -> None:
+    assert cpu_kernels.load(weights_cache.cache_dir()), "the kernels did not build or load"
+
+
+def _blocks(n: int, k: int, seed: int = 0) -> Q4Blocks:
+    return Q4Blocks.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
+@pytest.mark.parametrize("n, k", [(16, 32), (96, 64), (576, 1536)])
+def test_it_multiplies_like_the_dequantized_weights_up_to_int8_activations(rows: int, n: int, k: int) -> None:
+    blocks = _blocks(n, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
+    expected = x @ blocks.dequantize().T
+    got = cpu_kernels.q4_mm(x, cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums), n)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    # int8 activations (a step of 1/127 of each group's largest value) and fp16 scales: well under 2% of the largest output
+    assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+
+
+def test_a_row_gives_the_same_result_alone_and_in_any_batch() -> None:
+    """What makes a request decoded beside others give exactly the tokens it gives alone."""
+    blocks = _blocks(192, 576)
+    packed = cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums)
+    x = torch.randn(11, 576, generator=torch.Generator().manual_seed(2))
+    batch = cpu_kernels.q4_mm(x, packed, 192)
+    for row in range(11):
+        assert torch.equal(cpu_kernels.q4_mm(x[row : row + 1], packed, 192)[0], batch[row])
+    assert torch.equal(cpu_kernels.q4_mm(x[3:9], packed, 192), batch[3:9])
+
+
+def test_it_takes_bfloat16_rows_as_well() -> None:
+    blocks = _blocks(32, 64)
+    packed = cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums)
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    assert torch.equal(cpu_kernels.q4_mm(x, packed, 32), cpu_kernels.q4_mm(x.float(), packed, 32))
+
+
+def test_it_refuses_weights_of_another_shape() -> None:
+    blocks = _blocks(32, 64)
+    packed = cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums)
+    with pytest.raises(RuntimeError, match="do not match"):
+        cpu_kernels.q4_mm(torch.randn(2, 128), packed, 32)
+
+
+def test_a_projection_keeps_its_layout_through_the_weights_cache() -> None:
+    dense = torch.randn(48, 96) * 0.05
+    projection = build(WeightFormat.INT4, dense, vnni=True)
+    assert isinstance(projection, Int4Vnni)
+    copy = restore(projection.state())
+    x = torch.randn(5, 96)
+    assert torch.equal(copy(x), projection(x))
+    assert projection.nbytes == 48 * 96 // 2 + 48 * 96 // 32 * 4  # half a byte per weight, fp16 scale and minimum per 32
+
+
+def test_rms_norm_matches_torchs() -> None:
+    x, weight = torch.randn(7, 3, 40), torch.randn(40)
+    expected = torch.nn.functional.rms_norm(x, (40,), weight, 1e-5)
+    assert torch.allclose(cpu_kernels.rms_norm(x, weight, 1e-5), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads, kv_heads, hd", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
+def test_decode_attention_reads_each_rows_own_length_like_sdpa(heads: int, kv_heads: int, hd: int) -> None:
+    generator = torch.Generator().manual_seed(3)
+    slots, capacity = 5, 70
+    keys = torch.randn(slots, kv_heads, capacity, hd, generator=generator)
+    values = torch.randn(slots, kv_heads, capacity, hd, generator=generator)
+    rows = [(3, 1), (0, 17), (4, 70), (1, 33)]  # (slot, length): a row of one position, one of the whole capacity
+    q = torch.randn(len(rows), heads, hd, generator=generator)
+    got = cpu_kernels.decode_attention(q, keys, values, torch.tensor([s for s, _ in rows]), torch.tensor([n for _, n in rows]), hd**-0.5)
+    for i, (slot, length) in enumerate(rows):
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q[i].view(kv_heads, heads // kv_heads, hd), keys[slot, :, :length], values[slot, :, :length]
+        ).reshape(heads, hd)  # [KV, group, hd] -> [H, hd]
+        assert torch.allclose(got[i], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_decode_attention_refuses_rows_outside_the_cache() -> None:
+    keys = torch.zeros(2, 1, 8, 32)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu_kernels.decode_attention(torch.zeros(1, 1, 32), keys, keys, torch.tensor([2]), torch.tensor([4]), 0.25)
+    with pytest.raises(RuntimeError, match="head_dim must be"):
+        cpu_kernels.decode_attention(torch.zeros(1, 1, 48), torch.zeros(2, 1, 8, 48), torch.zeros(2, 1, 8, 48), torch.tensor([0]),
+                                     torch.tensor([4]), 0.25)
