@@ -219,7 +219,7 @@ class Int4Vnni(Projection):
 
     format = WeightFormat.INT4
     has_rows = False
-    input_dtype = torch.float32  # type: ignore[assignment]
+    input_dtype = torch.float32
     packed: Tensor
 
     def __init__(self, packed: Tensor, out_features: int, in_features: int) -> None:
