@@ -8,7 +8,8 @@ without expanding it first. The formats:
 - `int8`: one signed byte per weight, a bf16 scale per output row; `torch._weight_int8pack_mm`.
 - `int4`: four bits per weight in groups of 32 with a scale and an offset each (`Q4Blocks`),
   packed for `torch._weight_int4pack_mm_for_cpu`. A GGUF's own Q4_1 blocks (a scale and a
-  minimum per 32 weights) map onto it exactly, so the file's weights run as they are.
+  minimum per 32 weights) map onto it exactly, so the file's weights run as they are. `Int4Vnni` keeps the
+  same blocks in the layout of our int4 x int8 kernel (`inference.cpu_kernels`), where that one is faster.
 
 The quantized kernels take bf16 inputs and give bf16 outputs, so every format but `fp32`
 multiplies in bf16; a projection casts its input to that, and the residual stream, norms
