@@ -72,8 +72,10 @@ def load(cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> 
     if not library.exists():
         report("building Roundtrip's CPU kernels (first start only, about 30 s)")
         root = SOURCES[0].parent.parent.parent
+        # The builder runs `ninja` from PATH: put this interpreter's folder first, where requirements.txt installs it.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         done = subprocess.run([sys.executable, "-m", "inference.cpu_kernels_build", str(library)], cwd=root, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(root)})
+                              env={**os.environ, "PYTHONPATH": str(root), "PATH": path})
         if done.returncode != 0:
             log.warning("Roundtrip's CPU kernels did not build; the model runs on torch's:\n%s", done.stderr[-2000:])
             return False
