@@ -163,13 +163,21 @@ class Int8(Projection):
         return {"kind": "int8", "weight": self.weight, "scales": self.scales}
 
 
-class Int4(Projection):
-    """Groups of 32 with a scale and an offset, in the layout of torch's CPU int4 kernel; batches of more than
-    `max_eager_rows` rows go through the compiled GEMM (`inference.int4_gemm`) once one is attached, on the same weights."""
+class PackedInt4(Projection):
+    """int4 weights packed for a kernel, in groups of 32 with a scale and an offset each."""
 
     format = WeightFormat.INT4
     has_rows = False
     packed: Tensor
+
+    def rows(self, ids: Tensor) -> Tensor:
+        raise TypeError("int4's packed layouts have no readable rows: a Head keeps an Int8Rows table beside it")
+
+
+class Int4(PackedInt4):
+    """In the layout of torch's CPU int4 kernel; batches of more than `max_eager_rows` rows go through the compiled
+    GEMM (`inference.int4_gemm`) once one is attached, on the same weights."""
+
     scales_and_zeros: Tensor
 
     def __init__(self, packed: Tensor, scales_and_zeros: Tensor, in_features: int) -> None:
@@ -202,9 +210,6 @@ class Int4(Projection):
         self.gemm, self.max_eager_rows = gemm, max(1, max_eager_rows)
         return True
 
-    def rows(self, ids: Tensor) -> Tensor:
-        raise TypeError("int4's packed layout has no readable rows: a Head keeps an Int8Rows table beside it")
-
     def multiply(self, x: Tensor) -> Tensor:
         if self.gemm is not None and x.shape[0] > self.max_eager_rows:
             return self.gemm(x, self.packed, self.scales_and_zeros)
@@ -214,14 +219,11 @@ class Int4(Projection):
         return {"kind": "int4", "packed": self.packed, "scales_and_zeros": self.scales_and_zeros, "in_features": self.in_features}
 
 
-class Int4Vnni(Projection):
-    """Q4_1 groups in the layout of the VNNI kernel (`inference.cpu_kernels.q4_mm`): it takes float32 rows as they are
+class Int4Vnni(PackedInt4):
+    """In the layout of the VNNI kernel (`inference.cpu_kernels.q4_mm`): it takes float32 rows as they are
     (quantizing them to int8 itself) and gives float32 back, and a row's result does not depend on the others'."""
 
-    format = WeightFormat.INT4
-    has_rows = False
     input_dtype = torch.float32
-    packed: Tensor
 
     def __init__(self, packed: Tensor, out_features: int, in_features: int) -> None:
         super().__init__()
@@ -235,9 +237,6 @@ class Int4Vnni(Projection):
 
     def multiply(self, x: Tensor) -> Tensor:
         return cpu_kernels.q4_mm(x, self.packed, self.out_features)
-
-    def rows(self, ids: Tensor) -> Tensor:
-        raise TypeError("int4's packed layout has no readable rows: a Head keeps an Int8Rows table beside it")
 
     def state(self) -> dict[str, Any]:
         return {"kind": "int4vnni", "packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}

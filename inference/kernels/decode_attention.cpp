@@ -1,22 +1,19 @@
 // Attention for decode rows: each row's one query per head against exactly its own sequence's cached keys.
 //
 // Why: torch's CPU SDPA takes a batch of decode rows as one padded tensor with a mask, reads every row's
-// keys up to the longest row's length, and is tuned for long query blocks: about 60 us per layer for 8
-// rows of 150 positions, where the arithmetic is a few microseconds. Here each (row, key/value head) is one
-// task: scores of the head's query group against the row's own keys, a softmax, and the weighted sum of
-// values, all in float32.
+// keys up to the longest row's length, and is tuned for long query blocks: 52 us per layer for 8 rows of
+// 150 positions on 2 threads, against 28 us here. Each (row, key/value head) is one task: scores of the
+// head's query group against the row's own keys, a softmax, and the weighted sum of values, all in float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
 
-#include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace {
-
-constexpr int kMaxGroup = 16;  // query heads per key/value head
 
 // e^x for x <= 0 (Cephes' polynomial on [-ln2/2, ln2/2], scaled by 2^n); about 1e-7 relative error.
 inline __m512 exp_nonpositive(__m512 x) {
@@ -102,7 +99,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& keys, cons
   const int64_t kv_heads = keys.size(1), capacity = keys.size(2);
   const AttendFn attend_row = attend_for(hd);
   TORCH_CHECK(keys.size(3) == hd && attend_row != nullptr, "decode_attention: head_dim must be 32, 64, 128 or 256");
-  TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup, "decode_attention: query heads must be a small multiple of key/value heads");
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "decode_attention: query heads must be a multiple of key/value heads");
   TORCH_CHECK(slots.numel() == n && lengths.numel() == n, "decode_attention: one slot and one length per row");
   const int64_t group = heads / kv_heads;
   const int64_t* sp = slots.data_ptr<int64_t>();
