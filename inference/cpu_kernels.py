@@ -3,8 +3,9 @@
 - `q4_mm` (`q4_vnni.cpp`): int4 weights times int8 activations on AVX512-VNNI. torch's eager int4
   kernel decodes each weight again for every block of 4 rows, so a step of 8 sequences costs twice
   one; inductor's AMX GEMM costs 2.5 times one row from 2 rows up. This one unpacks each group of
-  weights once and multiplies it into up to 8 rows with VPDPBUSD (activations quantized to int8 per
-  group of 32, as llama.cpp does). A row's result does not depend on the other rows of the batch, so
+  weights once and multiplies it into up to 8 rows of codes with VPDPBUSD. Activations are rounded
+  per group of 32 to two int8 parts (about 15 bits; llama.cpp's one part, 8 bits, flipped near-ties
+  such as the first token of "What's the capital of India?"). A row's result does not depend on the other rows of the batch, so
   a request decoded in a batch gives exactly what it gives alone.
 - `rms_norm` (`rms_norm.cpp`): one pass per row, where torch's CPU RMSNorm runs six ops.
 - `decode_attention` (`decode_attention.cpp`): each decode row against exactly its own sequence's

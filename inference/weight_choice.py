@@ -15,9 +15,9 @@ times each format on matrices of this model's shapes (about a second) and keeps:
 - or, instead of torch's int4 kernels, the int4 x int8 VNNI kernel (`inference.cpu_kernels`, CPUs with
   AVX512-VNNI) when it is faster over the batch sizes a serving engine decodes (1 to 16 rows): it
   keeps the weights in a layout of its own, so it replaces the other two rather than joining them;
-- above some row count, another format, only if it is still clearly faster for prompt-sized
-  batches; `max_decode_rows` is the last measured size where the decode format keeps up.
-  A second format costs its weights' memory again.
+- one copy of the weights: a second format for prompt-sized batches costs its weights' memory again
+  (bf16 beside int4: 328 MB instead of 116), more than a served default model may hold, so `auto`
+  keeps one only when the setting asks for it (`int4+bf16`).
 
 The decision is remembered per CPU, torch version and model shape, so a restart loads the same
 cached weights instead of measuring again.
@@ -43,8 +43,6 @@ from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 NEAR_TIE = 1.15  # a more compact decode format this close to the fastest wins (timings on a busy machine wobble more)
 COMPACT_FIRST = (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.BF16, WeightFormat.FP32)
-PREFILL_ROWS = 64
-CLEAR_WIN = 1.3  # a second format or layout must be this much faster on prompt-sized batches to be worth its memory
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
 ROUNDS = 3  # the formats take turns this many times; each keeps its best
 COMPILED = "int4 compiled GEMM"  # int4 through the compiled GEMM, measured beside the formats
@@ -263,24 +261,16 @@ def _int4_kernel(plan: WeightPlan, timings: Timings, compiled: dict[int, float],
 
 
 def decide(timings: Timings, compiled: dict[int, float] | None = None, vnni: dict[int, float] | None = None) -> WeightPlan:
-    """The fastest format at one row for decoding (with int4's faster kernel: the VNNI one, or the compiled GEMM
-    for larger batches where it helps); a second format for prompt-sized batches only when it is still clearly
-    faster there."""
+    """The fastest format at one row for decoding, with int4's faster kernel (the VNNI one, or the compiled GEMM for
+    larger batches where it helps). One copy of the weights: a second format for prompts is kept only when asked
+    for (`int4+bf16`), since a served default model must stay within its memory budget."""
     use_vnni = _vnni_wins(timings, compiled, vnni)
     if use_vnni:
         timings, compiled = {**timings, WeightFormat.INT4: vnni or {}}, None
     fastest = min(timings, key=lambda f: timings[f][1])
     decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
     gemm_above = _gemm_above(timings, compiled) if compiled and decode is WeightFormat.INT4 else 0
-    effective = dict(timings)
-    if gemm_above:
-        effective[decode] = {n: min(t, compiled.get(n, t)) for n, t in timings[decode].items()}  # type: ignore[union-attr]
-    prefill = min(effective, key=lambda f: effective[f][PREFILL_ROWS])
-    vnni_used = use_vnni and decode is WeightFormat.INT4
-    if prefill is decode or effective[decode][PREFILL_ROWS] < CLEAR_WIN * effective[prefill][PREFILL_ROWS]:
-        return WeightPlan(decode, gemm_above=gemm_above, vnni=vnni_used)
-    keeps_up = [n for n in sorted(effective[decode]) if effective[decode][n] <= effective[prefill][n]]
-    return WeightPlan(decode, prefill, max(keeps_up, default=1), gemm_above, vnni_used or (use_vnni and prefill is WeightFormat.INT4))
+    return WeightPlan(decode, gemm_above=gemm_above, vnni=use_vnni and decode is WeightFormat.INT4)
 
 
 def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool, vnni: bool) -> Path:

@@ -22,14 +22,15 @@ def _blocks(n: int, k: int, seed: int = 0) -> Q4Blocks:
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
 @pytest.mark.parametrize("n, k", [(16, 32), (96, 64), (576, 1536)])
-def test_it_multiplies_like_the_dequantized_weights_up_to_int8_activations(rows: int, n: int, k: int) -> None:
+def test_it_multiplies_like_the_dequantized_weights_up_to_rounding(rows: int, n: int, k: int) -> None:
     blocks = _blocks(n, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
+    x[:, 5] *= 100  # an outlier channel, as SmolLM2's residual stream has: one int8 part would lose its group's other values
     expected = x @ blocks.dequantize().T
     got = cpu_kernels.q4_mm(x, cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums), n)
     assert got.dtype == torch.float32 and got.shape == (rows, n)
-    # int8 activations (a step of 1/127 of each group's largest value) and fp16 scales: well under 2% of the largest output
-    assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+    # activations in two int8 parts (about 15 bits per group) and fp16 scales and minimums: under 0.2% of the largest output
+    assert (got - expected).abs().max() <= 0.002 * expected.abs().max()
 
 
 def test_a_row_gives_the_same_result_alone_and_in_any_batch() -> None:

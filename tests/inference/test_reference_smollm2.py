@@ -38,15 +38,25 @@ def default_pipeline() -> ChatPipeline:
     return ChatPipeline(load_model(device="cpu", weights="auto"))
 
 
+@pytest.mark.parametrize("question, answer", [("What's the capital of India?", "The capital of India is New Delhi."),
+                                              ("What is the capital of France?", "The capital of France is Paris.")])
+def test_the_default_format_answers_the_pages_questions_like_float32(default_pipeline: ChatPipeline, question: str, answer: str) -> None:
+    """With the page's system prompt both questions start at a near-tie (0.08 logits for France); one int8 rounding of
+    each projection's input flipped them to "Mumbai" and "L'Étoile, la Marseillaise..." — the VNNI kernel's
+    two-part activations keep float32's answer."""
+    request = default_pipeline.prepare([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                                       SamplingParams(temperature=0.0, max_tokens=24))
+    done = list(default_pipeline.stream(request))[-1]
+    assert isinstance(done, Finished) and done.text == answer
+
+
 @pytest.mark.parametrize("weights", ["fp32", "default"])
 @pytest.mark.parametrize("case_index", range(4))
 def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     request: pytest.FixtureRequest, llamacpp_reference: dict[str, Any], case_index: int, weights: str
 ) -> None:
     """Identical at the start; where the two diverge, llama.cpp's token is our close second (README).
-    fp32 agreed for 32/32, 9/9, 11/32 and 22/25 tokens. The default format on a CPU with AVX512-VNNI rounds every
-    projection's input to int8, as llama.cpp does but at its own rounding points, so it may part from llama.cpp at
-    the first near-tie: on cases 1 and 2 at tokens 2 and 0, where the two best logits were 0.22 and 0.24 apart."""
+    fp32 agreed for 32/32, 9/9, 11/32 and 22/25 tokens; the default (int4) format does the same."""
     smollm2_pipeline: ChatPipeline = request.getfixturevalue("smollm2_pipeline" if weights == "fp32" else "default_pipeline")
     case = llamacpp_reference["greedy"][case_index]
     expected: list[int] = case["greedy_ids"]
@@ -57,8 +67,7 @@ def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     assert request.prompt.ids == case["prompt_ids"]
     ours = [e.token_id for e in smollm2_pipeline.stream(request) if isinstance(e, Sampled) and not e.is_stop]
     agreed = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), min(len(ours), len(expected)))
-    if weights == "fp32":
-        assert agreed >= min(9, len(expected))
+    assert agreed >= min(9, len(expected))
     if agreed == len(expected):
         assert ours == expected
         return
