@@ -3,9 +3,9 @@
 - `q4_mm` (`q4_vnni.cpp`): int4 weights times int8 activations on AVX512-VNNI. torch's eager int4
   kernel decodes each weight again for every block of 4 rows, so a step of 8 sequences costs twice
   one; inductor's AMX GEMM costs 2.5 times one row from 2 rows up. This one unpacks each group of
-  weights once and multiplies it into up to 8 rows of codes with VPDPBUSD. Activations are rounded
-  per group of 32 to two int8 parts (about 15 bits; llama.cpp's one part, 8 bits, flipped near-ties
-  such as the first token of "What's the capital of India?"). A row's result does not depend on the other rows of the batch, so
+  weights once and multiplies it into up to 8 rows with VPDPBUSD. Activations are rounded to int8 per
+  group of 32, as llama.cpp does (`ROUNDTRIP_Q4_ACTIVATIONS=int8x2`: two parts, float32's results for
+  twice the multiplies; see `activation_parts`). A row's result does not depend on the other rows of the batch, so
   a request decoded in a batch gives exactly what it gives alone.
 - `rms_norm` (`rms_norm.cpp`): one pass per row, where torch's CPU RMSNorm runs six ops.
 - `decode_attention` (`decode_attention.cpp`): each decode row against exactly its own sequence's
@@ -37,6 +37,7 @@ FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vn
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 BLOCK_N = 16  # outputs per block of q4_mm's packed layout
 GROUP = 32  # inputs per quantization group (the weights' and the activations')
+ACTIVATION_SETTINGS = {"int8": 1, "int8x2": 2}  # int8 parts per activation in q4_mm
 
 _loaded = False  # set once `load` has loaded the library into this process
 
@@ -107,10 +108,20 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     return torch.cat([nibbles, halves(scales), halves(minimums)], dim=-1).contiguous()
 
 
-def q4_mm(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
-    """float32 y [M, N] = x [M, K] @ W.T."""
-    y: Tensor = torch.ops.roundtrip.q4_mm(x, packed, out_features)
+def q4_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
+    """float32 y [M, N] = x [M, K] @ W.T, with x rounded per group of 32 to `parts` int8 parts (see `activation_parts`)."""
+    y: Tensor = torch.ops.roundtrip.q4_mm(x, packed, out_features, parts)
     return y
+
+
+def activation_parts() -> int:
+    """`ROUNDTRIP_Q4_ACTIVATIONS`: `int8` (default), one int8 per activation as llama.cpp rounds them; `int8x2`, two
+    parts, about 15 bits, float32's results within about 1e-4 for twice the multiplies (decode about 9% slower
+    alone, batches of 8 to 16 rows twice as slow)."""
+    setting = os.environ.get("ROUNDTRIP_Q4_ACTIVATIONS", "int8")
+    if setting not in ACTIVATION_SETTINGS:
+        raise ValueError(f"ROUNDTRIP_Q4_ACTIVATIONS={setting!r}: use one of {', '.join(ACTIVATION_SETTINGS)}")
+    return ACTIVATION_SETTINGS[setting]
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

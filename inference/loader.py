@@ -115,6 +115,7 @@ def load_model(
     try:
         if target.type == "cpu":
             cpu_kernels.load(weights_cache.cache_dir(), lambda note: report(LoadProgress("kernels", 0, 1, note)))
+            cpu_kernels.activation_parts()  # a mistyped setting fails here, by name
         plan, kernels = weight_choice.choose(config, target, setting, weights_cache.cache_dir() if use_cache else None,
                                              lambda note: report(LoadProgress("kernels", 0, 1, note)))
     except ValueError as exc:

@@ -151,7 +151,7 @@ def choose(
     kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None else None
     if plan is not None and kernels is None and not vnni:
         return plan, None
-    memo = _memo_path(config, cache_dir, setting, kernels is not None, vnni) if cache_dir is not None else None
+    memo = _memo_path(config, cache_dir, setting, kernels is not None, cpu_kernels.activation_parts() if vnni else 0) if cache_dir is not None else None
     remembered = _recall(memo)
     if remembered is not None:
         return remembered, kernels if remembered.gemm_above else None
@@ -273,9 +273,10 @@ def decide(timings: Timings, compiled: dict[int, float] | None = None, vnni: dic
     return WeightPlan(decode, gemm_above=gemm_above, vnni=use_vnni and decode is WeightFormat.INT4)
 
 
-def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool, vnni: bool) -> Path:
+def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool, vnni_parts: int) -> Path:
+    """`vnni_parts`: the VNNI kernel's int8 parts per activation (its speed depends on them), 0 without it."""
     key = (f"{int4_gemm._cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|"
-           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}|{vnni}")
+           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}|{vnni_parts}")
     return cache_dir / f"weight-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 

@@ -229,6 +229,7 @@ class Int4Vnni(PackedInt4):
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
         self.register_buffer("packed", packed)  # uint8 [N/16, K/32, 320]
+        self.activation_parts = cpu_kernels.activation_parts()  # the setting, read once
 
     @classmethod
     def from_blocks(cls, blocks: Q4Blocks) -> Int4Vnni:
@@ -236,7 +237,7 @@ class Int4Vnni(PackedInt4):
         return cls(cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
 
     def multiply(self, x: Tensor) -> Tensor:
-        return cpu_kernels.q4_mm(x, self.packed, self.out_features)
+        return cpu_kernels.q4_mm(x, self.packed, self.out_features, self.activation_parts)
 
     def state(self) -> dict[str, Any]:
         return {"kind": "int4vnni", "packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}

@@ -3,8 +3,8 @@
 // Why: torch's eager int4 kernel decodes every weight again for each block of 4 rows, so a batched
 // decode step of 8 rows costs twice one row's. Here each weight vector is unpacked once and multiplied
 // into every row of a tile of up to 8 rows of codes (VPDPBUSD: unsigned 4-bit codes x signed 8-bit
-// activations). llama.cpp rounds activations to one int8 per value; here each is two int8 parts (see
-// quantize_rows), which doubles the multiplies and keeps float32's answers where one part flipped them.
+// activations). Activations are rounded to int8 per group of 32, as llama.cpp does, or, asked for, to
+// two int8 parts each (see quantize_rows): twice the multiplies, float32's results within about 1e-4.
 //
 // Weight layout (built by inference/cpu_kernels.py), one byte stream per block of 16 outputs:
 //   [N/16, K/32, 320] bytes; for each group of 32 inputs:
@@ -27,23 +27,21 @@ namespace {
 constexpr int64_t kBlockN = 16;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kBlockBytes = 4 * 64 + 2 * 32;
-constexpr int kMaxTile = 8;  // rows of codes per pass over a block of weights: 4 rows of x, in two parts
-constexpr int64_t kParts = 2;
+constexpr int kMaxTile = 8;  // rows of codes per pass over a block of weights
 
-// Rows of x [M, K] to int8 codes in two parts each, x ~ q0 * d0 + q1 * d1 per group of 32: part 0 rounds x to
-// steps of d0 = max|x| / 127, part 1 rounds what that left (at most d0 / 2) to steps of d1 = d0 / 254. One part
-// alone loses the small values of a group beside an outlier (SmolLM2's residual stream has channels 100 times
-// the rest), enough to flip the near-ties a 135M model often meets; two keep about 15 bits of each group.
-// Row m's parts are rows 2m and 2m + 1 of q [2M, K], scales d [2M, G] and d * sum(q) in s [2M, G].
-void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* s) {
+// Rows of x [M, K] to int8 codes in P = `parts` parts each, x ~ q0 * d0 + q1 * d1 per group of 32: part 0 rounds x to
+// steps of d0 = max|x| / 127 (llama.cpp's Q8 activations), part 1 rounds what that left (at most d0 / 2) to
+// steps of d1 = d0 / 254, about 15 bits in all. Row m's parts are rows P m + p of q [P M, K], scales d [P M, G]
+// and d * sum(q) in s [P M, G].
+void quantize_rows(const float* x, int64_t rows, int64_t K, int64_t parts, int8_t* q, float* d, float* s) {
   const int64_t G = K / kGroup;
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t g = 0; g < G; ++g) {
       const float* src = x + m * K + g * kGroup;
       __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
       float scale = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b))) / 127.0f;
-      for (int64_t part = 0; part < kParts; ++part) {
-        const int64_t row = kParts * m + part;
+      for (int64_t part = 0; part < parts; ++part) {
+        const int64_t row = parts * m + part;
         const __m512 inv = _mm512_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
         const __m512i ia = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));  // round to nearest even
         const __m512i ib = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
@@ -97,29 +95,30 @@ using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, co
 constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
 
 // y [M, N] (float32) = x [M, K] @ W.T for W packed as above.
-at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
+at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, int64_t parts) {
   TORCH_CHECK(x_in.dim() == 2, "q4_mm: x must be [rows, in_features]");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "q4_mm: packed weights must be contiguous uint8");
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, NB = N / kBlockN;
   TORCH_CHECK(K % kGroup == 0 && N % kBlockN == 0, "q4_mm: in_features must be a multiple of 32, out_features of 16");
   TORCH_CHECK(packed.numel() == NB * G * kBlockBytes, "q4_mm: packed weights do not match [", N, ", ", K, "]");
+  TORCH_CHECK(parts == 1 || parts == 2, "q4_mm: activations in 1 or 2 int8 parts");
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
-  const int64_t R = kParts * M;  // rows of codes
+  const int64_t R = parts * M;  // rows of codes
   at::Tensor q = at::empty({R, K}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({R, G}, x.options());
   at::Tensor s = at::empty({R, G}, x.options());
-  at::Tensor parts = at::empty({R, N}, x.options());
+  at::Tensor partial = parts == 1 ? out : at::empty({R, N}, x.options());  // one part: the tiles write the result
   const float* xp = x.data_ptr<float>();
   int8_t* qp = q.data_ptr<int8_t>();
   float* dp = d.data_ptr<float>();
   float* sp = s.data_ptr<float>();
   at::parallel_for(0, M, 64, [&](int64_t m0, int64_t m1) {
-    quantize_rows(xp + m0 * K, m1 - m0, K, qp + kParts * m0 * K, dp + kParts * m0 * G, sp + kParts * m0 * G);
+    quantize_rows(xp + m0 * K, m1 - m0, K, parts, qp + parts * m0 * K, dp + parts * m0 * G, sp + parts * m0 * G);
   });
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  float* pp = parts.data_ptr<float>();
+  float* pp = partial.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {
@@ -128,8 +127,8 @@ at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
         const int rt = static_cast<int>(std::min<int64_t>(kMaxTile, R - r0));
         kTiles[rt](w, G, qp + r0 * K, dp + r0 * G, sp + r0 * G, K, pp + r0 * N + nb * kBlockN, N);
       }
-      for (int64_t m = 0; m < M; ++m) {  // a row's two parts
-        const float* first = pp + kParts * m * N + nb * kBlockN;
+      for (int64_t m = 0; parts == 2 && m < M; ++m) {  // a row's two parts
+        const float* first = pp + parts * m * N + nb * kBlockN;
         _mm512_storeu_ps(op + m * N + nb * kBlockN, _mm512_add_ps(_mm512_loadu_ps(first), _mm512_loadu_ps(first + N)));
       }
     }
@@ -139,6 +138,6 @@ at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(roundtrip, m) { m.def("q4_mm(Tensor x, Tensor packed, int out_features) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(roundtrip, m) { m.def("q4_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor"); }
 
 TORCH_LIBRARY_IMPL(roundtrip, CPU, m) { m.impl("q4_mm", &q4_mm); }
