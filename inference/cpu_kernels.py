@@ -1,9 +1,9 @@
 """Our own CPU kernels (`inference/kernels/*.cpp`), for the three places where torch's leave most of a batched decode step.
 
-- `q4_mm` (`q4_vnni.cpp`): int4 weights times int8 activations on AVX512-VNNI. torch's eager int4
-  kernel decodes each weight again for every block of 4 rows, so a step of 8 sequences costs twice
-  one; inductor's AMX GEMM costs 2.5 times one row from 2 rows up. This one unpacks each group of
-  weights once and multiplies it into up to 8 rows with VPDPBUSD. Activations are rounded to int8 per
+- `q4_mm` (`q4_mm.cpp`): int4 weights times int8 activations. torch's eager int4 kernel decodes each
+  weight again for every block of 4 rows, so a step of 8 sequences costs twice one; inductor's AMX GEMM
+  costs 2.5 times one row from 2 rows up. This one unpacks each group of weights once and multiplies it into
+  a tile of rows (8 with AVX512-VNNI's VPDPBUSD, 4 with AVX2's VPMADDUBSW). Activations are rounded to int8 per
   group of 32, as llama.cpp does (`ROUNDTRIP_Q4_ACTIVATIONS=int8x2`: two parts, float32's results for
   twice the multiplies; see `activation_parts`). A row's result does not depend on the other rows of the batch, so
   a request decoded in a batch gives exactly what it gives alone.
@@ -11,10 +11,11 @@
 - `decode_attention` (`decode_attention.cpp`): each decode row against exactly its own sequence's
   keys, where torch's SDPA pads every row to the longest and is tuned for long query blocks.
 
-The library is compiled once per torch build and source, in a child process (`python -m
-inference.cpu_kernels_build PATH`, about 30 s), cached beside the weights, and loaded as torch
-operators. A CPU without AVX512-VNNI, a failed build, or `ROUNDTRIP_CPU_KERNELS=off` leaves it out,
-and the model runs on torch's own kernels.
+The library is compiled once per torch build, source and instruction set, in a child process (`python -m
+inference.cpu_kernels_build PATH ISA`, about 30 s), cached beside the weights, and loaded as torch operators. It is
+built for the best instruction set this CPU has (`ISAS`: AVX512-VNNI, else AVX2; `simd.h` writes each kernel once
+for both). A CPU with neither, a failed build, or `ROUNDTRIP_CPU_KERNELS=off` leaves it out, and the model runs on
+torch's own kernels; whether `q4_mm` replaces torch's int4 kernels is measured (`inference.weight_choice`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -32,52 +34,89 @@ from torch import Tensor
 
 log = logging.getLogger("roundtrip.inference")
 
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4_vnni.cpp", "rms_norm.cpp", "decode_attention.cpp"))
-FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4_mm.cpp", "rms_norm.cpp", "decode_attention.cpp"))
+HEADERS = (Path(__file__).with_name("kernels") / "simd.h",)
 BLOCK_N = 16  # outputs per block of q4_mm's packed layout
 GROUP = 32  # inputs per quantization group (the weights' and the activations')
 ACTIVATION_SETTINGS = {"int8": 1, "int8x2": 2}  # int8 parts per activation in q4_mm
 
-_loaded = False  # set once `load` has loaded the library into this process
+
+@dataclass(frozen=True)
+class Isa:
+    """An instruction set the kernels compile for: the compiler's flags and the CPU flags (`/proc/cpuinfo`) it needs."""
+
+    name: str
+    compiler_flags: tuple[str, ...]
+    cpu_flags: tuple[str, ...]
 
 
-def cpu_supports() -> bool:
-    """Whether this CPU has every instruction the kernels are compiled for."""
+ISAS = (  # best first
+    Isa("avx512-vnni", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"),
+        ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")),
+    Isa("avx2", ("-mavx2", "-mf16c", "-mfma"), ("avx2", "f16c", "fma")),
+)
+COMMON_FLAGS = ("-O3", "-fopenmp")
+
+_loaded: Isa | None = None  # set once `load` has loaded the library into this process
+
+
+def _cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return all(flag in flags for flag in CPU_FLAGS)
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
 
 
-def library_path(cache_dir: Path) -> Path:
-    """A library belongs to a torch build (its C++ ABI) and to these sources and flags."""
-    sources = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES)).hexdigest()
-    key = f"{torch.__version__}|{' '.join(FLAGS)}|{sources}"
-    return cache_dir / "kernels" / f"roundtrip-cpu-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+def isa(setting: str | None = None) -> Isa | None:
+    """The instruction set to build for: `ROUNDTRIP_CPU_KERNELS` (`auto`, `off`, or an ISA's name, to try a lesser one
+    on a CPU that has more), else the best this CPU has; None for none. A setting outside those is an error."""
+    setting = setting if setting is not None else os.environ.get("ROUNDTRIP_CPU_KERNELS", "auto")
+    names = {candidate.name: candidate for candidate in ISAS}
+    if setting not in ("auto", "off", *names):
+        raise ValueError(f"ROUNDTRIP_CPU_KERNELS={setting!r}: use auto, off, or one of {', '.join(names)}")
+    flags = _cpu_flags()
+    wanted = ISAS if setting == "auto" else (names[setting],) if setting in names else ()
+    return next((candidate for candidate in wanted if set(candidate.cpu_flags) <= flags), None)
+
+
+def cpu_supports() -> bool:
+    """Whether this CPU has an instruction set the kernels are compiled for."""
+    return isa("auto") is not None
+
+
+def library_path(cache_dir: Path, target: Isa) -> Path:
+    """A library belongs to a torch build (its C++ ABI), to these sources and to an instruction set."""
+    sources = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))).hexdigest()
+    key = f"{torch.__version__}|{' '.join(COMMON_FLAGS + target.compiler_flags)}|{sources}"
+    return cache_dir / "kernels" / f"roundtrip-cpu-{target.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 
 
 def is_loaded() -> bool:
-    return _loaded
+    return _loaded is not None
+
+
+def loaded_isa() -> str | None:
+    """The name of the instruction set of the loaded library, or None."""
+    return _loaded.name if _loaded is not None else None
 
 
 def load(cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> bool:
     """Load the kernels, building them the first time; whether they are loaded."""
     global _loaded
-    if os.environ.get("ROUNDTRIP_CPU_KERNELS", "auto") == "off" or not cpu_supports():
+    target = isa()
+    if target is None:
         return False
-    if _loaded:
+    if _loaded is not None:
         return True
-    library = library_path(cache_dir)
+    library = library_path(cache_dir, target)
     if not library.exists():
-        report("building Roundtrip's CPU kernels (first start only, about 30 s)")
+        report(f"building Roundtrip's CPU kernels for {target.name} (first start only, about 30 s)")
         root = SOURCES[0].parent.parent.parent
         # The builder runs `ninja` from PATH: put this interpreter's folder first, where requirements.txt installs it.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        done = subprocess.run([sys.executable, "-m", "inference.cpu_kernels_build", str(library)], cwd=root, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(root), "PATH": path})
+        done = subprocess.run([sys.executable, "-m", "inference.cpu_kernels_build", str(library), target.name], cwd=root, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(root), "PATH": path})
         if done.returncode != 0:
             log.warning("Roundtrip's CPU kernels did not build; the model runs on torch's:\n%s", done.stderr[-2000:])
             return False
@@ -86,7 +125,7 @@ def load(cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> 
     except (OSError, RuntimeError) as exc:
         log.warning("Roundtrip's CPU kernels do not load (%s); the model runs on torch's", exc)
         return False
-    _loaded = True
+    _loaded = target
     return True
 
 

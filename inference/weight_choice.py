@@ -12,8 +12,8 @@ times each format on matrices of this model's shapes (about a second) and keeps:
 - int4's compiled GEMM (`inference.int4_gemm`, CPUs with AMX) above the row count where it
   beats the eager int4 kernel — it reads the same weights, so it costs no memory (prefill and
   batched decode steps several times faster);
-- or, instead of torch's int4 kernels, the int4 x int8 VNNI kernel (`inference.cpu_kernels`, CPUs with
-  AVX512-VNNI) when it is faster over the batch sizes a serving engine decodes (1 to 16 rows): it
+- or, instead of torch's int4 kernels, our int4 x int8 kernel (`inference.cpu_kernels`, CPUs with
+  AVX512-VNNI or AVX2) when it is faster over the batch sizes a serving engine decodes (1 to 16 rows): it
   keeps the weights in a layout of its own, so it replaces the other two rather than joining them;
 - one copy of the weights: a second format for prompt-sized batches costs its weights' memory again
   (bf16 beside int4: 328 MB instead of 116), more than a served default model may hold, so `auto`
@@ -46,7 +46,7 @@ COMPACT_FIRST = (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.BF16, Weight
 SAMPLE_LAYERS = 4  # enough matrices that they do not all sit in the CPU's caches, as real weights do not
 ROUNDS = 3  # the formats take turns this many times; each keeps its best
 COMPILED = "int4 compiled GEMM"  # int4 through the compiled GEMM, measured beside the formats
-VNNI = "int4 VNNI kernel"  # int4 in the VNNI kernel's layout, measured beside the formats
+Q8 = "int4 x int8 kernel"  # int4 in the layout of our int4 x int8 kernel, measured beside the formats
 SERVING_ROWS = (1, 2, 4, 8, 16)  # the batch sizes of decode steps, where the int4 kernels are compared
 
 Kernels = dict[int4_gemm.Shape, int4_gemm.Kernel]
@@ -58,12 +58,12 @@ class WeightPlan:
     prefill: WeightFormat | None = None
     max_decode_rows: int = 0  # with a prefill format: batches of more rows than this use it
     gemm_above: int = 0  # int4 batches of more rows than this use the compiled GEMM (0: never)
-    vnni: bool = False  # int4 is kept in the VNNI kernel's layout and multiplied by it
+    q8: bool = False  # int4 is kept in our int4 x int8 kernel's layout and multiplied by it
 
     @property
     def key(self) -> str:
         """What the weights in memory are (the compiled GEMM reads int4's own, so it is not part of it)."""
-        decode = self.decode.value + ("-vnni" if self.vnni else "")
+        decode = self.decode.value + ("-q8" if self.q8 else "")
         return decode if self.prefill is None else f"{decode}+{self.prefill.value}@{self.max_decode_rows}"
 
     @property
@@ -76,8 +76,8 @@ class WeightPlan:
 
     def describe(self) -> str:
         text = self.decode.value
-        if self.vnni:
-            text += " (int8 x int4 VNNI kernel)"
+        if self.q8:
+            text += f" (int8 x int4 kernel, {cpu_kernels.loaded_isa() or 'not loaded'})"
         if self.gemm_above:
             text += f" (compiled AMX GEMM above {self.gemm_above} rows)"
         if self.prefill is not None:
@@ -102,7 +102,7 @@ class WeightPlan:
     def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None) -> Projection:
         if fmt is WeightFormat.INT4 and not supports_int4(*dense.shape):
             return Int8.quantize(dense)
-        return build(fmt, dense, blocks, vnni=self.vnni)
+        return build(fmt, dense, blocks, q8=self.q8)
 
 
 def model_shapes(config: ModelConfig) -> list[int4_gemm.Shape]:
@@ -140,31 +140,32 @@ def choose(
     report: Callable[[str], None] = lambda note: None,
 ) -> tuple[WeightPlan, Kernels | None]:
     """The plan for this model on this device — the setting's, else remembered (in `cache_dir`), else measured
-    (and remembered) — and the compiled int4 GEMM kernels when the plan uses them. The VNNI kernel is a candidate
-    when our CPU kernels are loaded (`inference.cpu_kernels`)."""
+    (and remembered) — and the compiled int4 GEMM kernels when the plan uses them. Our int4 x int8 kernel is a
+    candidate when our CPU kernels are loaded (`inference.cpu_kernels`)."""
     plan = parse(setting, device)
     if device.type != "cpu":
         return plan or WeightPlan(WeightFormat.BF16), None
     if plan is not None and not plan.uses(WeightFormat.INT4):
         return plan, None
-    vnni = cpu_kernels.is_loaded()
+    q8 = cpu_kernels.is_loaded()
     kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None else None
-    if plan is not None and kernels is None and not vnni:
+    if plan is not None and kernels is None and not q8:
         return plan, None
-    memo = _memo_path(config, cache_dir, setting, kernels is not None, cpu_kernels.activation_parts() if vnni else 0) if cache_dir is not None else None
+    q8_kernel = f"{cpu_kernels.loaded_isa()}x{cpu_kernels.activation_parts()}" if q8 else ""
+    memo = _memo_path(config, cache_dir, setting, kernels is not None, q8_kernel) if cache_dir is not None else None
     remembered = _recall(memo)
     if remembered is not None:
         return remembered, kernels if remembered.gemm_above else None
     report("measuring which weight format is fastest on this CPU")
     quiet = _machine_is_quiet()
-    timings, compiled, vnni_times = measure(config, kernels, vnni=vnni)
+    timings, compiled, q8_times = measure(config, kernels, q8=q8)
     quiet = quiet and _machine_is_quiet()
     if plan is None:
-        plan = decide(timings, compiled, vnni_times)
+        plan = decide(timings, compiled, q8_times)
     else:
-        plan = _int4_kernel(plan, timings, compiled, vnni_times)
+        plan = _int4_kernel(plan, timings, compiled, q8_times)
     if memo is not None and quiet:
-        _remember(memo, plan, timings, compiled, vnni_times)
+        _remember(memo, plan, timings, compiled, q8_times)
     elif memo is not None:
         report("the CPU was busy with other work while measuring: this choice is not remembered, the next start measures again")
     return plan, kernels if plan.gemm_above else None
@@ -181,11 +182,11 @@ Timings = dict[WeightFormat, dict[int, float]]  # seconds for one sample of laye
 
 
 def measure(
-    config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int, ...] = ROWS, vnni: bool = False
+    config: ModelConfig, kernels: Kernels | None = None, rows: tuple[int, ...] = ROWS, q8: bool = False
 ) -> tuple[Timings, dict[int, float], dict[int, float]]:
     """Time each format on a few layers' worth of matrices of this model's shapes, at each row count;
-    int4 through the compiled GEMM (from 2 rows) when `kernels` are given, and int4 through the VNNI kernel when
-    `vnni` (it is loaded).
+    int4 through the compiled GEMM (from 2 rows) when `kernels` are given, and int4 through our int4 x int8 kernel
+    when `q8` (it is loaded).
 
     The formats take turns over `ROUNDS` rounds and each keeps its best time, so a burst of other work on the
     machine slows every format alike instead of deciding the ranking by when it happened to hit."""
@@ -208,8 +209,8 @@ def measure(
                     p.attach(kernels[(p.out_features, p.in_features)], 1, check=False)
                 compiled.append(p)
             candidates[COMPILED] = (compiled, tuple(n for n in rows if n > 1))
-        if fmt is WeightFormat.INT4 and vnni:
-            candidates[VNNI] = ([build(fmt, d, vnni=True) for d in dense], rows)
+        if fmt is WeightFormat.INT4 and q8:
+            candidates[Q8] = ([build(fmt, d, q8=True) for d in dense], rows)
     inputs = {n: torch.randn(n, c.dim) for n in rows}
     best: dict[WeightFormat | str, dict[int, float]] = {key: {n: float("inf") for n in counts} for key, (_, counts) in candidates.items()}
     for _ in range(ROUNDS):
@@ -217,8 +218,8 @@ def measure(
             for n in counts:
                 best[key][n] = min(best[key][n], _time(projections, inputs[n], c))
     compiled_times = best.pop(COMPILED, {})
-    vnni_times = best.pop(VNNI, {})
-    return {WeightFormat(k): v for k, v in best.items()}, compiled_times, vnni_times
+    q8_times = best.pop(Q8, {})
+    return {WeightFormat(k): v for k, v in best.items()}, compiled_times, q8_times
 
 
 def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> float:
@@ -243,40 +244,41 @@ def _gemm_above(timings: Timings, compiled: dict[int, float]) -> int:
     return max((n for n in sorted(eager) if n not in compiled or eager[n] <= compiled[n]), default=1)
 
 
-def _vnni_wins(timings: Timings, compiled: dict[int, float] | None, vnni: dict[int, float] | None) -> bool:
-    """Whether int4 through the VNNI kernel beats torch's int4 kernels (eager, or compiled where faster) over the
+def _q8_wins(timings: Timings, compiled: dict[int, float] | None, q8: dict[int, float] | None) -> bool:
+    """Whether int4 through our int4 x int8 kernel beats torch's int4 kernels (eager, or compiled where faster) over the
     batch sizes of decode steps."""
-    if not vnni or WeightFormat.INT4 not in timings:
+    if not q8 or WeightFormat.INT4 not in timings:
         return False
     eager, compiled = timings[WeightFormat.INT4], compiled or {}
     torch_total = sum(min(eager[n], compiled.get(n, eager[n])) for n in SERVING_ROWS if n in eager)
-    return sum(vnni[n] for n in SERVING_ROWS if n in eager) < torch_total
+    return sum(q8[n] for n in SERVING_ROWS if n in eager) < torch_total
 
 
-def _int4_kernel(plan: WeightPlan, timings: Timings, compiled: dict[int, float], vnni: dict[int, float]) -> WeightPlan:
-    """A set plan's int4 kernels: the VNNI kernel where it wins, else torch's compiled GEMM above its crossover."""
-    if _vnni_wins(timings, compiled, vnni):
-        return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, vnni=True)
+def _int4_kernel(plan: WeightPlan, timings: Timings, compiled: dict[int, float], q8: dict[int, float]) -> WeightPlan:
+    """A set plan's int4 kernels: our int4 x int8 kernel where it wins, else torch's compiled GEMM above its crossover."""
+    if _q8_wins(timings, compiled, q8):
+        return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, q8=True)
     return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _gemm_above(timings, compiled) if compiled else 0)
 
 
-def decide(timings: Timings, compiled: dict[int, float] | None = None, vnni: dict[int, float] | None = None) -> WeightPlan:
-    """The fastest format at one row for decoding, with int4's faster kernel (the VNNI one, or the compiled GEMM for
+def decide(timings: Timings, compiled: dict[int, float] | None = None, q8: dict[int, float] | None = None) -> WeightPlan:
+    """The fastest format at one row for decoding, with int4's faster kernel (our int4 x int8 one, or the compiled GEMM for
     larger batches where it helps). One copy of the weights: a second format for prompts is kept only when asked
     for (`int4+bf16`), since a served default model must stay within its memory budget."""
-    use_vnni = _vnni_wins(timings, compiled, vnni)
-    if use_vnni:
-        timings, compiled = {**timings, WeightFormat.INT4: vnni or {}}, None
+    use_q8 = _q8_wins(timings, compiled, q8)
+    if use_q8:
+        timings, compiled = {**timings, WeightFormat.INT4: q8 or {}}, None
     fastest = min(timings, key=lambda f: timings[f][1])
     decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
     gemm_above = _gemm_above(timings, compiled) if compiled and decode is WeightFormat.INT4 else 0
-    return WeightPlan(decode, gemm_above=gemm_above, vnni=use_vnni and decode is WeightFormat.INT4)
+    return WeightPlan(decode, gemm_above=gemm_above, q8=use_q8 and decode is WeightFormat.INT4)
 
 
-def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool, vnni_parts: int) -> Path:
-    """`vnni_parts`: the VNNI kernel's int8 parts per activation (its speed depends on them), 0 without it."""
+def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool, q8_kernel: str) -> Path:
+    """`q8_kernel`: our int4 x int8 kernel's instruction set and int8 parts per activation (its speed depends on
+    them), empty without it."""
     key = (f"{int4_gemm._cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|"
-           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}|{vnni_parts}")
+           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}|{q8_kernel}")
     return cache_dir / f"weight-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -286,18 +288,18 @@ def _recall(memo: Path | None) -> WeightPlan | None:
     try:
         saved = json.loads(memo.read_text())
         prefill = WeightFormat(saved["prefill"]) if saved["prefill"] else None
-        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["gemm_above"]), bool(saved["vnni"]))
+        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["gemm_above"]), bool(saved["q8"]))
     except (OSError, ValueError, KeyError):
         return None
 
 
-def _remember(memo: Path, plan: WeightPlan, timings: Timings, compiled: dict[int, float], vnni: dict[int, float]) -> None:
+def _remember(memo: Path, plan: WeightPlan, timings: Timings, compiled: dict[int, float], q8: dict[int, float]) -> None:
     """The decision and the measurements behind it (milliseconds), for the next start and for curious people."""
     record = {"decode": plan.decode.value, "prefill": plan.prefill.value if plan.prefill else None, "max_decode_rows": plan.max_decode_rows,
-              "gemm_above": plan.gemm_above, "vnni": plan.vnni,
+              "gemm_above": plan.gemm_above, "q8": plan.q8,
               "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
               "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in compiled.items()},
-              "int4_vnni_ms": {str(r): t * 1000 for r, t in vnni.items()}}
+              "int4_q8_ms": {str(r): t * 1000 for r, t in q8.items()}}
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(json.dumps(record))

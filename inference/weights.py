@@ -8,7 +8,7 @@ without expanding it first. The formats:
 - `int8`: one signed byte per weight, a bf16 scale per output row; `torch._weight_int8pack_mm`.
 - `int4`: four bits per weight in groups of 32 with a scale and an offset each (`Q4Blocks`),
   packed for `torch._weight_int4pack_mm_for_cpu`. A GGUF's own Q4_1 blocks (a scale and a
-  minimum per 32 weights) map onto it exactly, so the file's weights run as they are. `Int4Vnni` keeps the
+  minimum per 32 weights) map onto it exactly, so the file's weights run as they are. `Int4Q8` keeps the
   same blocks in the layout of our int4 x int8 kernel (`inference.cpu_kernels`), where that one is faster.
 
 The quantized kernels take bf16 inputs and give bf16 outputs, so every format but `fp32`
@@ -219,8 +219,8 @@ class Int4(PackedInt4):
         return {"kind": "int4", "packed": self.packed, "scales_and_zeros": self.scales_and_zeros, "in_features": self.in_features}
 
 
-class Int4Vnni(PackedInt4):
-    """In the layout of the VNNI kernel (`inference.cpu_kernels.q4_mm`): it takes float32 rows as they are
+class Int4Q8(PackedInt4):
+    """In the layout of our int4 x int8 kernel (`inference.cpu_kernels.q4_mm`): it takes float32 rows as they are
     (quantizing them to int8 itself) and gives float32 back, and a row's result does not depend on the others'."""
 
     input_dtype = torch.float32
@@ -232,7 +232,7 @@ class Int4Vnni(PackedInt4):
         self.activation_parts = cpu_kernels.activation_parts()  # the setting, read once
 
     @classmethod
-    def from_blocks(cls, blocks: Q4Blocks) -> Int4Vnni:
+    def from_blocks(cls, blocks: Q4Blocks) -> Int4Q8:
         n, k = blocks.codes.shape
         return cls(cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
 
@@ -240,7 +240,7 @@ class Int4Vnni(PackedInt4):
         return cpu_kernels.q4_mm(x, self.packed, self.out_features, self.activation_parts)
 
     def state(self) -> dict[str, Any]:
-        return {"kind": "int4vnni", "packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}
+        return {"kind": "int4q8", "packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}
 
 
 class Int8Rows(nn.Module):
@@ -317,15 +317,15 @@ class SizeDispatch(Projection):
         return {"kind": "dispatch", "small": self.small.state(), "large": self.large.state(), "max_small_rows": self.max_small_rows}
 
 
-def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, vnni: bool = False) -> Projection:
+def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, q8: bool = False) -> Projection:
     """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them);
-    `vnni`: int4 in the VNNI kernel's layout (where it takes the shape) instead of torch's."""
+    `q8`: int4 in the layout of our int4 x int8 kernel (where it takes the shape) instead of torch's."""
     if fmt is WeightFormat.INT4:
         if blocks is None:
             assert dense is not None
             blocks = Q4Blocks.quantize(dense)
-        if vnni and cpu_kernels.q4_supported(*blocks.codes.shape):
-            return Int4Vnni.from_blocks(blocks)
+        if q8 and cpu_kernels.q4_supported(*blocks.codes.shape):
+            return Int4Q8.from_blocks(blocks)
         return Int4.from_blocks(blocks)
     if dense is None:
         assert blocks is not None
@@ -343,8 +343,8 @@ def restore(state: dict[str, Any]) -> Projection:
         return Int8(state["weight"], state["scales"])
     if kind == "int4":
         return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]))
-    if kind == "int4vnni":
-        return Int4Vnni(state["packed"], int(state["out_features"]), int(state["in_features"]))
+    if kind == "int4q8":
+        return Int4Q8(state["packed"], int(state["out_features"]), int(state["in_features"]))
     if kind == "head":
         return Head(restore(state["ranking"]), Int8Rows(state["codes"], state["scales"]))
     if kind == "dispatch":

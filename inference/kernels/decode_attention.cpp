@@ -8,67 +8,49 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
-
 #include <cmath>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-// e^x for x <= 0 (Cephes' polynomial on [-ln2/2, ln2/2], scaled by 2^n); about 1e-7 relative error.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), f);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(f, f), _mm512_add_ps(f, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-inline __mmask16 tail_mask(int64_t remaining) { return remaining >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << remaining) - 1); }
-
-// One (row, key/value head): out[j] = softmax(scale * q[j] . keys) @ values for the group's queries j; V = hd / 16,
+// One (row, key/value head): out[j] = softmax(scale * q[j] . keys) @ values for the group's queries j; V = hd / kWidth,
 // a compile-time count so that a key, a value and the accumulators stay in registers.
 template <int V>
 void attend(const float* q, const float* keys, const float* values, int64_t length, int64_t group, float scale, float* out,
             std::vector<float>& scores) {
-  constexpr int64_t hd = 16 * V;
+  using namespace simd;
+  constexpr int64_t hd = kWidth * V;
   scores.resize(static_cast<size_t>(group * length));
   for (int64_t t = 0; t < length; ++t) {
-    __m512 key[V];
-    for (int c = 0; c < V; ++c) key[c] = _mm512_loadu_ps(keys + t * hd + 16 * c);
+    Float key[V];
+    for (int c = 0; c < V; ++c) key[c] = load(keys + t * hd + kWidth * c);
     for (int64_t j = 0; j < group; ++j) {
-      __m512 dot = _mm512_mul_ps(key[0], _mm512_loadu_ps(q + j * hd));
-      for (int c = 1; c < V; ++c) dot = _mm512_fmadd_ps(key[c], _mm512_loadu_ps(q + j * hd + 16 * c), dot);
-      scores[j * length + t] = scale * _mm512_reduce_add_ps(dot);
+      Float dot = mul(key[0], load(q + j * hd));
+      for (int c = 1; c < V; ++c) dot = fmadd(key[c], load(q + j * hd + kWidth * c), dot);
+      scores[j * length + t] = scale * sum(dot);
     }
   }
   for (int64_t j = 0; j < group; ++j) {
     float* s = scores.data() + j * length;
-    __m512 best = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < length; t += 16) best = _mm512_max_ps(best, _mm512_mask_loadu_ps(best, tail_mask(length - t), s + t));
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < length; t += 16) {
-      const __mmask16 m = tail_mask(length - t);
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), top));
-      _mm512_mask_storeu_ps(s + t, m, e);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+    Float best = set1(-INFINITY);
+    for (int64_t t = 0; t < length; t += kWidth) best = max(best, load_first(s + t, length - t, -INFINITY));
+    const Float top = set1(largest(best));
+    Float total = zero();
+    for (int64_t t = 0; t < length; t += kWidth) {
+      const Float e = exp_nonpositive(sub(load_first(s + t, length - t, -INFINITY), top));  // past the end: e^-87, nothing beside the top score's 1
+      store_first(s + t, e, length - t);
+      total = add(total, e);
     }
-    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-    __m512 acc[V];
-    for (int c = 0; c < V; ++c) acc[c] = _mm512_setzero_ps();
+    const Float inverse = set1(1.0f / sum(total));
+    Float acc[V];
+    for (int c = 0; c < V; ++c) acc[c] = zero();
     for (int64_t t = 0; t < length; ++t) {
-      const __m512 p = _mm512_set1_ps(s[t]);
-      for (int c = 0; c < V; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(values + t * hd + 16 * c), acc[c]);
+      const Float p = set1(s[t]);
+      for (int c = 0; c < V; ++c) acc[c] = fmadd(p, load(values + t * hd + kWidth * c), acc[c]);
     }
-    for (int c = 0; c < V; ++c) _mm512_storeu_ps(out + j * hd + 16 * c, _mm512_mul_ps(acc[c], inverse));
+    for (int c = 0; c < V; ++c) store(out + j * hd + kWidth * c, mul(acc[c], inverse));
   }
 }
 
@@ -76,10 +58,10 @@ using AttendFn = void (*)(const float*, const float*, const float*, int64_t, int
 
 AttendFn attend_for(int64_t hd) {
   switch (hd) {
-    case 32: return attend<2>;
-    case 64: return attend<4>;
-    case 128: return attend<8>;
-    case 256: return attend<16>;
+    case 32: return attend<32 / simd::kWidth>;
+    case 64: return attend<64 / simd::kWidth>;
+    case 128: return attend<128 / simd::kWidth>;
+    case 256: return attend<256 / simd::kWidth>;
     default: return nullptr;
   }
 }

@@ -7,30 +7,26 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
-
 #include <cmath>
+
+#include "simd.h"
 
 namespace {
 
 void normalize_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
-  const int64_t whole = dim - dim % 16;
+  using namespace simd;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
-    __m512 squares = _mm512_setzero_ps();
-    for (int64_t i = 0; i < whole; i += 16) {
-      const __m512 v = _mm512_loadu_ps(xr + i);
-      squares = _mm512_fmadd_ps(v, v, squares);
+    Float squares = zero();
+    for (int64_t i = 0; i < dim; i += kWidth) {
+      const Float v = load_first(xr + i, dim - i, 0.0f);
+      squares = fmadd(v, v, squares);
     }
-    float sum = _mm512_reduce_add_ps(squares);
-    for (int64_t i = whole; i < dim; ++i) sum += xr[i] * xr[i];
-    const float scale = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
-    const __m512 s = _mm512_set1_ps(scale);
-    for (int64_t i = 0; i < whole; i += 16) {
-      _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), s), _mm512_loadu_ps(w + i)));
+    const Float scale = set1(1.0f / std::sqrt(sum(squares) / static_cast<float>(dim) + eps));
+    for (int64_t i = 0; i < dim; i += kWidth) {
+      store_first(yr + i, mul(mul(load_first(xr + i, dim - i, 0.0f), scale), load_first(w + i, dim - i, 0.0f)), dim - i);
     }
-    for (int64_t i = whole; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
   }
 }
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from inference import cpu_kernels, weights_cache
-from inference.weights import Int4Vnni, Q4Blocks, WeightFormat, build, restore
+from inference.weights import Int4Q8, Q4Blocks, WeightFormat, build, restore
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.cpu_supports(), reason="this CPU lacks AVX512-VNNI: the model runs on torch's kernels")
+pytestmark = pytest.mark.skipif(not cpu_kernels.cpu_supports(), reason="this CPU has neither AVX512-VNNI nor AVX2: the model runs on torch's kernels")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,8 +73,8 @@ def test_it_refuses_weights_of_another_shape() -> None:
 
 def test_a_projection_keeps_its_layout_through_the_weights_cache() -> None:
     dense = torch.randn(48, 96) * 0.05
-    projection = build(WeightFormat.INT4, dense, vnni=True)
-    assert isinstance(projection, Int4Vnni)
+    projection = build(WeightFormat.INT4, dense, q8=True)
+    assert isinstance(projection, Int4Q8)
     copy = restore(projection.state())
     x = torch.randn(5, 96)
     assert torch.equal(copy(x), projection(x))
@@ -110,3 +110,14 @@ def test_decode_attention_refuses_rows_outside_the_cache() -> None:
     with pytest.raises(RuntimeError, match="head_dim must be"):
         cpu_kernels.decode_attention(torch.zeros(1, 1, 48), torch.zeros(2, 1, 8, 48), torch.zeros(2, 1, 8, 48), torch.tensor([0]),
                                      torch.tensor([4]), 0.25)
+
+
+def test_the_kernel_setting_is_checked_by_name() -> None:
+    assert cpu_kernels.isa("off") is None
+    with pytest.raises(ValueError, match="ROUNDTRIP_CPU_KERNELS='sse4'"):
+        cpu_kernels.isa("sse4")
+
+
+def test_it_is_built_for_an_instruction_set_this_cpu_has() -> None:
+    named = cpu_kernels.isa(cpu_kernels.loaded_isa())
+    assert named is not None and named.name == cpu_kernels.loaded_isa()

@@ -34,7 +34,7 @@ def test_the_seed_example_answers_new_delhi_and_stops_on_im_end(smollm2_pipeline
 
 @pytest.fixture(scope="module")
 def precise_pipeline() -> Iterator[ChatPipeline]:
-    """The default format with its VNNI kernel's activations in two int8 parts (`ROUNDTRIP_Q4_ACTIVATIONS=int8x2`)."""
+    """The default format with our int4 kernel's activations in two int8 parts (`ROUNDTRIP_Q4_ACTIVATIONS=int8x2`)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ROUNDTRIP_Q4_ACTIVATIONS", "int8x2")
         yield ChatPipeline(load_model(device="cpu", weights="auto"))
@@ -64,7 +64,7 @@ def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     request: pytest.FixtureRequest, llamacpp_reference: dict[str, Any], case_index: int, weights: str
 ) -> None:
     """Identical at the start; where the two diverge, llama.cpp's token is our close second (README).
-    fp32 agreed for 32/32, 9/9, 11/32 and 22/25 tokens. The default format on a CPU with AVX512-VNNI rounds every
+    fp32 agreed for 32/32, 9/9, 11/32 and 22/25 tokens. The default format with our int4 kernel rounds every
     projection's input to int8, as llama.cpp does but at its own rounding points, so it may part from llama.cpp at
     the first near-tie: on cases 1 and 2 at tokens 2 and 0, where the two best logits were 0.22 and 0.24 apart."""
     smollm2_pipeline: ChatPipeline = request.getfixturevalue("smollm2_pipeline" if weights == "fp32" else "default_pipeline")

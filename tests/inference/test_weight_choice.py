@@ -48,14 +48,14 @@ def test_int4s_compiled_gemm_takes_the_batches_where_it_is_faster() -> None:
     assert "compiled AMX GEMM above 4 rows" in plan.describe()
 
 
-def test_the_vnni_kernel_replaces_torchs_int4_kernels_when_faster_over_decode_batches() -> None:
+def test_our_int4_kernel_replaces_torchs_int4_kernels_when_faster_over_decode_batches() -> None:
     timings = _timings(bf16=(3, 3.5), int4=(1, 12))
     compiled = {2: 1.5, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.3, 64: 3.0}
-    vnni = {1: 0.6, 2: 0.62, 4: 0.7, 8: 0.9, 16: 1.5, 32: 3.0, 64: 6.0}  # slower than the compiled GEMM from 32 rows
-    plan = decide(timings, compiled, vnni)
-    assert plan == WeightPlan(F.INT4, vnni=True)  # one layout: no compiled GEMM, no second format
-    assert plan.key == "int4-vnni" and "VNNI" in plan.describe()
-    slower = {n: 3 * t for n, t in vnni.items()}
+    q8 = {1: 0.6, 2: 0.62, 4: 0.7, 8: 0.9, 16: 1.5, 32: 3.0, 64: 6.0}  # slower than the compiled GEMM from 32 rows
+    plan = decide(timings, compiled, q8)
+    assert plan == WeightPlan(F.INT4, q8=True)  # one layout: no compiled GEMM, no second format
+    assert plan.key == "int4-q8" and "int8 x int4 kernel" in plan.describe()
+    slower = {n: 3 * t for n, t in q8.items()}
     assert decide(timings, compiled, slower) == decide(timings, compiled)
 
 

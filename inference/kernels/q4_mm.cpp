@@ -1,10 +1,11 @@
-// int4 weights x int8 activations on AVX512-VNNI: one kernel whose cost grows slowly from 1 to 8 rows.
+// int4 weights x int8 activations: one kernel whose cost grows slowly from 1 row to a decode batch.
 //
 // Why: torch's eager int4 kernel decodes every weight again for each block of 4 rows, so a batched
 // decode step of 8 rows costs twice one row's. Here each weight vector is unpacked once and multiplied
-// into every row of a tile of up to 8 rows of codes (VPDPBUSD: unsigned 4-bit codes x signed 8-bit
-// activations). Activations are rounded to int8 per group of 32, as llama.cpp does, or, asked for, to
-// two int8 parts each (see quantize_rows): twice the multiplies, float32's results within about 1e-4.
+// into every row of a tile of rows of codes: with AVX512-VNNI (VPDPBUSD: unsigned 4-bit codes x signed 8-bit
+// activations, summed in 32 bits) 8 rows at a time; with AVX2 (VPMADDUBSW into 16-bit sums, widened once per
+// group by VPMADDWD) 4 rows at a time. Activations are rounded to int8 per group of 32, as llama.cpp does, or,
+// asked for, to two int8 parts each (see quantize_rows): twice the multiplies, float32's results within about 1e-4.
 //
 // Weight layout (built by inference/cpu_kernels.py), one byte stream per block of 16 outputs:
 //   [N/16, K/32, 320] bytes; for each group of 32 inputs:
@@ -16,46 +17,69 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
-
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
+
+#include "simd.h"
 
 namespace {
 
 constexpr int64_t kBlockN = 16;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kBlockBytes = 4 * 64 + 2 * 32;
-constexpr int kMaxTile = 8;  // rows of codes per pass over a block of weights
+constexpr int64_t kVectors = kGroup / simd::kWidth;  // float vectors per group
+
+// Stores `rounded` (whole numbers in [-127, 127]) as int8 at q.
+inline void store_int8(int8_t* q, simd::Float rounded) {
+#if defined(__AVX512F__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(rounded)));
+#else
+  const __m256i i = _mm256_cvtps_epi32(rounded);
+  const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));  // 8 x int16, in order
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(words, words));
+#endif
+}
 
 // Rows of x [M, K] to int8 codes in P = `parts` parts each, x ~ q0 * d0 + q1 * d1 per group of 32: part 0 rounds x to
 // steps of d0 = max|x| / 127 (llama.cpp's Q8 activations), part 1 rounds what that left (at most d0 / 2) to
 // steps of d1 = d0 / 254, about 15 bits in all. Row m's parts are rows P m + p of q [P M, K], scales d [P M, G]
 // and d * sum(q) in s [P M, G].
 void quantize_rows(const float* x, int64_t rows, int64_t K, int64_t parts, int8_t* q, float* d, float* s) {
+  using namespace simd;
   const int64_t G = K / kGroup;
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t g = 0; g < G; ++g) {
-      const float* src = x + m * K + g * kGroup;
-      __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
-      float scale = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b))) / 127.0f;
+      Float v[kVectors];
+      Float largest_abs = zero();
+      for (int64_t c = 0; c < kVectors; ++c) {
+        v[c] = load(x + m * K + g * kGroup + kWidth * c);
+        largest_abs = max(largest_abs, max(v[c], sub(zero(), v[c])));
+      }
+      float scale = largest(largest_abs) / 127.0f;
       for (int64_t part = 0; part < parts; ++part) {
         const int64_t row = parts * m + part;
-        const __m512 inv = _mm512_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
-        const __m512i ia = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));  // round to nearest even
-        const __m512i ib = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + row * K + g * kGroup), _mm512_cvtsepi32_epi8(ia));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + row * K + g * kGroup + 16), _mm512_cvtsepi32_epi8(ib));
+        const Float inverse = set1(scale > 0.0f ? 1.0f / scale : 0.0f);
+        Float codes = zero();
+        for (int64_t c = 0; c < kVectors; ++c) {
+          const Float rounded = round(mul(v[c], inverse));  // to nearest even
+          store_int8(q + row * K + g * kGroup + kWidth * c, rounded);
+          codes = add(codes, rounded);
+          v[c] = fnmadd(rounded, set1(scale), v[c]);  // what this part left
+        }
         d[row * G + g] = scale;
-        s[row * G + g] = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib)));
-        a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(scale), a);  // what this part left
-        b = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(scale), b);
+        s[row * G + g] = scale * simd::sum(codes);  // a sum of at most 32 x 127: exact in float
         scale /= 254.0f;
       }
     }
   }
 }
+
+#if defined(__AVX512VNNI__)
+
+constexpr int kMaxTile = 8;  // rows of codes per pass over a block of weights
 
 // MT rows of x times one block of 16 outputs: out[m, 0..15] for m < MT.
 template <int MT>
@@ -91,8 +115,58 @@ inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, c
   for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + m * ldo, acc[m]);
 }
 
+#else
+
+constexpr int kMaxTile = 4;  // AVX2 has 16 vector registers: 4 rows' sums and accumulators, and a half block of codes
+
+// MT rows of x times one block of 16 outputs, a half block (8 outputs) at a time. VPMADDUBSW sums pairs of code x
+// activation products into 16 bits; a group's 8 of them stay below 8 x 2 x 15 x 127 = 30480, so they are added in 16
+// bits and widened once per group.
+template <int MT>
+inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
+                 int64_t ldo) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MT];
+    for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* wg = w + g * kBlockBytes;
+      const int8_t* qg = q + g * kGroup;
+      __m256i dot[MT];
+      for (int m = 0; m < MT; ++m) dot[m] = _mm256_setzero_si256();
+      for (int qd = 0; qd < 4; ++qd) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 64 * qd + 32 * h));
+        const __m256i lo = _mm256_and_si256(bytes, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int m = 0; m < MT; ++m) {
+          int32_t first, second;
+          std::memcpy(&first, qg + m * K + 8 * qd, 4);
+          std::memcpy(&second, qg + m * K + 8 * qd + 4, 4);
+          dot[m] = _mm256_add_epi16(dot[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(first)));
+          dot[m] = _mm256_add_epi16(dot[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(second)));
+        }
+      }
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 256 + 16 * h)));
+      const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 288 + 16 * h)));
+      for (int m = 0; m < MT; ++m) {
+        const __m256 products = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m], ones));
+        acc[m] = _mm256_fmadd_ps(products, _mm256_mul_ps(scale, _mm256_set1_ps(d[m * G + g])), acc[m]);
+        acc[m] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(s[m * G + g]), acc[m]);
+      }
+    }
+    for (int m = 0; m < MT; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
+  }
+}
+
+#endif
+
 using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const float*, int64_t, float*, int64_t);
-constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+
+template <int... Rows>
+constexpr std::array<TileFn, sizeof...(Rows) + 1> tiles(std::integer_sequence<int, Rows...>) {
+  return {nullptr, tile<Rows + 1>...};
+}
+constexpr auto kTiles = tiles(std::make_integer_sequence<int, kMaxTile>{});  // kTiles[rows]: a tile of that many rows
 
 // y [M, N] (float32) = x [M, K] @ W.T for W packed as above.
 at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, int64_t parts) {
@@ -129,7 +203,9 @@ at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, in
       }
       for (int64_t m = 0; parts == 2 && m < M; ++m) {  // a row's two parts
         const float* first = pp + parts * m * N + nb * kBlockN;
-        _mm512_storeu_ps(op + m * N + nb * kBlockN, _mm512_add_ps(_mm512_loadu_ps(first), _mm512_loadu_ps(first + N)));
+        for (int64_t c = 0; c < kBlockN; c += simd::kWidth) {
+          simd::store(op + m * N + nb * kBlockN + c, simd::add(simd::load(first + c), simd::load(first + N + c)));
+        }
       }
     }
   });
