@@ -5,8 +5,9 @@ a decode token per decoding sequence and a chunk of prompt for newcomers. Everyt
 attention (embeddings, projections, norms, the feed-forward) runs on all N tokens at once.
 Attention runs in a few groups, planned here once per forward and shared by every layer:
 
-- single-token chunks (decode steps) go to our decode-attention kernel (`inference.cpu_kernels`)
-  when it is loaded, each row reading exactly its own sequence's keys (`DecodeRows`); without it,
+- single-token chunks (decode steps), and short prompt chunks token by token, go to our
+  decode-attention kernel (`inference.cpu_kernels`) when it is loaded, each row reading exactly
+  its own sequence's keys up to its own position (`DecodeRows`); without it, single-token chunks
   those of ordinary length share one call over the cache slots they occupy, padded to the longest
   of them and masked;
 - a single-token chunk much longer than the others gets its own call, so one long
@@ -25,6 +26,9 @@ from torch import Tensor
 
 LONG_ROW_FACTOR = 2  # a decode row this many times longer than the median one is attended on its own...
 LONG_ROW_MIN = 512  # ...once it is at least this long
+KERNEL_CHUNK = 16  # with the decode-attention kernel, chunks up to this long are attended token by token by it too:
+# a prompt chunk fed beside decode rows then costs no attention calls of its own (30 layers of masked SDPA calls made
+# a 4-token chunk add 3 ms to an 8-stream step); longer chunks, prefilled alone, are cheaper as one causal call
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,13 @@ class AttentionGroup:
 
 @dataclass(frozen=True)
 class DecodeRows:
-    """The single-token chunks of a forward, for the decode-attention kernel: token i of `tokens` attends over the
-    first lengths[i] positions of cache slot slots[i]."""
+    """The tokens a forward attends with the decode-attention kernel (decode tokens, and every token of a short prompt
+    chunk): token i of `tokens` attends over the first lengths[i] positions of cache slot slots[i]."""
 
     tokens: Tensor  # [n] indices into the flattened batch
     slots: Tensor  # [n]
     lengths: Tensor  # [n]
-    every_token: bool  # the forward is these rows alone, in order (a pure decode step): no gather, no scatter
+    every_token: bool  # the forward is these rows alone, in order: no gather, no scatter
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ class BatchPlan:
     freqs: Tensor  # [N, rope_dim / 2] complex rotations
     groups: tuple[AttentionGroup, ...]
     last_tokens: Tensor  # [n_chunks] the index of each chunk's last token
-    decode: DecodeRows | None = None  # with `decode_kernel`: the single-token chunks, which no group then holds
+    decode: DecodeRows | None = None  # with `decode_kernel`: the tokens of short chunks, which no group then holds
 
     @property
     def n_tokens(self) -> int:
@@ -90,30 +94,31 @@ class BatchPlan:
 
     @classmethod
     def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor, dtype: torch.dtype = torch.float32, decode_kernel: bool = False) -> BatchPlan:
-        """`dtype`: the activations', for the additive attention masks; `decode_kernel`: single-token chunks are
-        attended by the decode-attention kernel instead of in groups."""
+        """`dtype`: the activations', for the additive attention masks; `decode_kernel`: chunks of up to
+        KERNEL_CHUNK tokens are attended by the decode-attention kernel instead of in groups."""
         device = freqs_cis.device
         offsets = [0]
         for chunk in chunks:
             offsets.append(offsets[-1] + chunk.length)
         slots = torch.tensor([c.slot for c in chunks for _ in range(c.length)], device=device)
         positions = torch.tensor([p for c in chunks for p in range(c.start, c.end)], device=device)
-        singles = [(i, c) for i, c in enumerate(chunks) if c.length == 1]
+        by_kernel = [i for i, c in enumerate(chunks) if decode_kernel and c.length <= KERNEL_CHUNK]
         decode = None
-        if decode_kernel and singles:
+        if by_kernel:
+            rows = [(offsets[i] + j, chunks[i].slot, chunks[i].start + j + 1) for i in by_kernel for j in range(chunks[i].length)]
             decode = DecodeRows(
-                tokens=torch.tensor([offsets[i] for i, _ in singles], device=device),
-                slots=torch.tensor([c.slot for _, c in singles], device=device),
-                lengths=torch.tensor([c.end for _, c in singles], device=device),
-                every_token=len(singles) == len(chunks) and all(offsets[i] == i for i, _ in singles),
+                tokens=torch.tensor([token for token, _, _ in rows], device=device),
+                slots=torch.tensor([slot for _, slot, _ in rows], device=device),
+                lengths=torch.tensor([length for _, _, length in rows], device=device),
+                every_token=len(rows) == offsets[-1],  # rows are in token order, so all of them is every token in order
             )
-            singles = []
+        singles = [(i, c) for i, c in enumerate(chunks) if c.length == 1 and decode is None]
         typical = median(c.end for _, c in singles) if singles else 0
         long_from = max(LONG_ROW_FACTOR * typical, LONG_ROW_MIN)
         short = [(i, c) for i, c in singles if c.end < long_from]
         groups = [_padded_group([(offsets[i], c) for i, c in short], device, dtype)] if short else []
         for i, chunk in enumerate(chunks):
-            if chunk.length > 1 or (decode is None and chunk.end >= long_from):
+            if (chunk.length > 1 and i not in by_kernel) or (decode is None and chunk.end >= long_from):
                 groups.append(_chunk_group(offsets[i], chunk, device, dtype))
         return cls(
             chunks=tuple(chunks),

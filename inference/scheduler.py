@@ -35,6 +35,7 @@ from inference.sequence import DETAIL_TOP_N, Phase, SequenceRequest, SequenceSta
 from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
 
 GIB = 1024**3
+SHRINK_SLACK_BYTES = GIB // 4  # spare KV cache kept while sequences run (see `Scheduler._shrink`)
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class SchedulerConfig:
     max_waiting: int = 64  # requests queued while every slot is taken; beyond that `add` refuses
     kv_budget_bytes: int = 2 * GIB  # the running sequences' KV cache may not grow past this
     prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers, while nothing else runs
-    prefill_chunk_decoding: int = 16  # ...and while other sequences decode: a step costs about its row count, so a few
+    prefill_chunk_decoding: int = 4  # ...and while other sequences decode: a step costs about its row count, so a few
     # prompt tokens keep every stream's gap between tokens near a decode step's, and the prompt is in a few steps later
     prefix_cache_bytes: int = GIB // 8  # 0 turns the prefix cache off
     prefix_block: int = 32  # tokens per prefix-cache block
@@ -84,7 +85,7 @@ class SchedulerStats:
     running: int
     waiting: int
     paused: int
-    kv_bytes: int  # allocated for the running sequences
+    kv_bytes: int  # held by the running sequences (the cache may hold spare slots beyond these)
     kv_budget_bytes: int
     prefix_cache_bytes: int
     prefix_queried_tokens: int
@@ -108,6 +109,7 @@ class Scheduler:
         with torch.inference_mode():
             self.cache = model.new_cache(0, 0)
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes, config.prefix_block)
+        self.prefix_cache.allocate(self.cache)
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []  # running[i] holds cache slot i
         self._aborted: set[str] = set()
@@ -161,7 +163,7 @@ class Scheduler:
             running=len(self.running),
             waiting=len(self.waiting),
             paused=sum(s.paused for s in self.running),
-            kv_bytes=self.cache.nbytes,
+            kv_bytes=self._bytes(len(self.running), self.cache.capacity),
             kv_budget_bytes=self.config.kv_budget_bytes,
             prefix_cache_bytes=self.prefix_cache.nbytes,
             prefix_queried_tokens=self.prefix_cache.queried_tokens,
@@ -301,6 +303,17 @@ class Scheduler:
             count += 1
         return count
 
+    def _slots_to_allocate(self, slots: int, capacity: int) -> int:
+        """At least `slots`, and room for as many again (within the batch limit, the KV budget and the spare memory
+        `_shrink` would keep).
+
+        Growing the cache reallocates and copies all of it while every stream waits (tens of ms at 8
+        sequences); a burst of arrivals that grew it one slot at a time paid that once per newcomer.
+        """
+        per_slot = max(1, self._bytes(1, capacity))
+        roomy = min(self.config.max_batch, max(slots, 2 * self.cache.slots, 4), slots + SHRINK_SLACK_BYTES // per_slot)
+        return max(slots, min(roomy, self.config.kv_budget_bytes // per_slot))
+
     def _admit(self) -> list[SequenceOutput]:
         count = self._admissible(len(self.waiting))
         if not count:
@@ -308,8 +321,8 @@ class Scheduler:
         newcomers = [self.waiting.popleft() for _ in range(count)]
         slots = len(self.running) + count
         capacity = round_capacity(max(s.reserve for s in self.running + newcomers))
-        if slots > self.cache.slots or capacity > self.cache.capacity:  # grow to exactly what fits the budget
-            self.cache.resize(slots, capacity, [s.computed for s in self.running])
+        if slots > self.cache.slots or capacity > self.cache.capacity:
+            self.cache.resize(self._slots_to_allocate(slots, capacity), capacity, [s.computed for s in self.running])
         now = time.perf_counter()
         outputs = []
         for state in newcomers:
@@ -374,8 +387,13 @@ class Scheduler:
         state.slot = None
 
     def _shrink(self) -> None:
-        """Give memory back once the cache is much bigger than the running sequences need."""
+        """Give memory back when nothing runs, or once the cache is far bigger than the running sequences need.
+
+        Shrinking copies every running sequence's keys and values while all of them wait (30 ms at a
+        handful of sequences on 2 cores), so a burst's spare slots are kept until it is over, unless they
+        are a lot of memory.
+        """
         capacity = round_capacity(max((s.reserve for s in self.running), default=0)) if self.running else 0
         needed = self._bytes(len(self.running), capacity)
-        if self.cache.nbytes > 2 * needed + 64 * 1024**2 or (not self.running and self.cache.nbytes):
+        if self.cache.nbytes > 4 * needed + SHRINK_SLACK_BYTES or (not self.running and self.cache.nbytes):
             self.cache.resize(len(self.running), capacity, [s.computed for s in self.running])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from inference.batch import Chunk
+from inference.batch import BatchPlan, Chunk
 from inference.kv_cache import SlotCache
 from inference.loader import LoadedModel, load_model
 from inference.model import Transformer, apply_rope
@@ -100,3 +100,15 @@ def test_untied_output_weights_are_used(write_gguf: Any) -> None:
     ids = [1, 30, 31]
     expected = naive_logits(loaded.config, file_weights(loaded), ids)
     assert np.allclose(_all_logits(loaded.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_short_prompt_chunk_beside_decode_rows_is_attended_by_the_decode_kernel(tiny_model: LoadedModel) -> None:
+    """Every token of a short chunk becomes a kernel row over its own positions: no attention group, no gather."""
+    freqs = tiny_model.model.freqs_cis
+    plan = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs, decode_kernel=True)
+    assert plan.decode is not None and not plan.decode.every_token
+    assert plan.decode.tokens.tolist() == [0, 1, 2, 3, 4] and plan.decode.slots.tolist() == [0, 1, 1, 1, 1]
+    assert plan.decode.lengths.tolist() == [11, 4, 5, 6, 7]
+    assert [(g.lo, g.hi, g.kv_len) for g in plan.groups] == [(2, 3, 40)]  # the long chunk: one causal call
+    mixed = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4)], freqs, decode_kernel=True)
+    assert mixed.groups == () and mixed.decode is not None and mixed.decode.every_token

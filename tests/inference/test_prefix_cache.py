@@ -66,3 +66,14 @@ def test_a_zero_budget_turns_it_off() -> None:
     prefix = PrefixCache(max_bytes=0, block_size=4)
     prefix.insert([1, 2, 3, 4], _cache_with([1, 2, 3, 4]), 0, 4)
     assert len(prefix) == 0 and prefix.lookup([1, 2, 3, 4, 5], limit=4).tokens == 0
+
+
+def test_an_evicted_blocks_place_in_the_pool_is_reused() -> None:
+    one_block = 2 * CONFIG.n_layers * CONFIG.n_kv_heads * 4 * CONFIG.head_dim * 4
+    prefix = PrefixCache(max_bytes=2 * one_block, block_size=4)
+    for first in range(10):
+        ids = [first] * 4 + [first + 100] * 4
+        prefix.insert(ids, _cache_with(ids), 0, 8)
+        hit = prefix.lookup(ids + [0], limit=8)
+        assert hit.tokens == 8 and hit.k is not None and hit.k[0, 0, :, 0].tolist() == [float(t) for t in ids]
+    assert len(prefix) == 2 and prefix.nbytes == 2 * one_block

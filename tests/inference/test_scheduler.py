@@ -228,6 +228,30 @@ def test_it_stops_at_an_end_of_turn_token_unless_told_to_ignore_it(tiny_model: L
     assert len(_tokens(_run(ignoring, [_request("i", PROMPTS[0], max_tokens=5, ignore_eos=True)])["i"])) == 5
 
 
+def test_arrivals_one_at_a_time_grow_the_cache_with_room_to_spare(tiny_model: LoadedModel) -> None:
+    """Growing the cache copies it while every stream waits: a burst of arrivals must not regrow it once per newcomer."""
+    scheduler = _scheduler(tiny_model)
+    sizes = []
+    for i in range(5):
+        scheduler.add(_request(f"g{i}", PROMPTS[i], max_tokens=40))
+        scheduler.step()
+        sizes.append(scheduler.cache.slots)
+    assert sizes == [4, 4, 4, 4, 8]
+    assert scheduler.stats().kv_bytes == 5 * scheduler.cache.nbytes // 8  # the running sequences', not the spare slots'
+
+
+def test_spare_slots_are_kept_while_sequences_run_and_freed_when_idle(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model)
+    for i in range(5):
+        scheduler.add(_request(f"s{i}", PROMPTS[i], max_tokens=3 if i else 30))
+    slots = []
+    while scheduler.has_work:
+        scheduler.step()
+        slots.append((len(scheduler.running), scheduler.cache.slots))
+    assert (1, 5) in slots  # one sequence left: the burst's slots stay (shrinking would copy it mid-stream)
+    assert slots[-1] == (0, 0) and scheduler.cache.nbytes == 0
+
+
 def test_idle_scheduler_has_no_work_and_gives_its_memory_back(tiny_model: LoadedModel) -> None:
     scheduler = _scheduler(tiny_model)
     _run(scheduler, [_request("x", PROMPTS[0], max_tokens=3)])
