@@ -30,6 +30,22 @@ class Sample:
     detail: SamplingDetail | None = None
 
 
+@dataclass(frozen=True)
+class RowSummary:
+    """What every draw needs from a row of logits, computed for a whole batch in two passes instead of two per row."""
+
+    log_z: float  # logsumexp of the raw logits
+    best: int  # the likeliest token
+
+
+def summarize(logits: Tensor) -> list[RowSummary]:
+    """Each row's RowSummary, for float32 logits [n, V]: at 8 rows of a 49k vocabulary, one batched pass costs about
+    what two per-row passes did for a single row."""
+    log_z = torch.logsumexp(logits, dim=-1).tolist()
+    best = logits.max(dim=-1).indices.tolist()
+    return [RowSummary(z, b) for z, b in zip(log_z, best)]
+
+
 class Sampler:
     """Per-request sampler: owns the seeded generator and the token counts the penalties need."""
 
@@ -50,20 +66,22 @@ class Sampler:
         self._bias_ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
         self._bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
 
-    def sample(self, logits: Tensor, detail_top_n: int = 0, allowed: Tensor | None = None) -> Sample:
+    def sample(self, logits: Tensor, detail_top_n: int = 0, allowed: Tensor | None = None, summary: RowSummary | None = None) -> Sample:
         """Pick the next token from float32 logits [V]; with detail_top_n > 0, explain the decision.
-        `allowed` (bool [V], from a grammar) removes every other token before the filters.
+        `allowed` (bool [V], from a grammar) removes every other token before the filters; `summary`, when the
+        batch's rows were summarized at once, saves this row's own passes.
 
         Written for a 49k vocabulary on a CPU, where every full pass costs tens of microseconds:
         log-probabilities come from one logsumexp, and greedy decoding is a single max.
         """
         detail_top_n = min(detail_top_n, logits.shape[-1])
-        log_z = torch.logsumexp(logits, dim=-1)  # raw log-probability of token i = logits[i] - log_z
+        summary = summary or summarize(logits[None])[0]
+        log_z = summary.log_z  # raw log-probability of token i = logits[i] - log_z
         unmasked = self._apply_penalties(logits) if self._penalised else logits
         adjusted = unmasked if allowed is None else torch.where(allowed, unmasked, float("-inf"))
         p = self.params
         if p.temperature == 0.0:
-            token = int(adjusted.max(dim=-1).indices)
+            token = summary.best if adjusted is logits else int(adjusted.max(dim=-1).indices)
             draw = None
             order, keep, final = None, None, None
         else:
@@ -147,7 +165,7 @@ class Sampler:
     def _explain(
         self,
         logits: Tensor,
-        log_z: Tensor,
+        log_z: float,
         adjusted: Tensor,
         allowed: Tensor | None,
         order: Tensor | None,

@@ -30,7 +30,7 @@ from inference.model import ForwardProbe, Transformer
 from inference.params import SamplingParams
 from inference.prefix_cache import PrefixCache
 from inference.probe import LayerProbe, PromptMatrixProbe, lens_layers
-from inference.sampling import Sample, Sampler
+from inference.sampling import Sample, Sampler, summarize
 from inference.sequence import DETAIL_TOP_N, Phase, SequenceRequest, SequenceState
 from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
 
@@ -208,6 +208,7 @@ class Scheduler:
         batch = BatchStep(ended, self.steps, len(scheduled), prefill_tokens, len(scheduled) - prefilling, ended - started,
                           [s.request_id for s, _ in scheduled])
         self.last_batch = batch
+        summaries = summarize(logits)
         row = 0
         leaving: list[SequenceState] = []
         for i, (state, fed_tokens) in enumerate(scheduled):
@@ -217,7 +218,7 @@ class Scheduler:
                 detail = probe.detail() if probe is not None else None
                 output.events += state.forwarded(batch, len(fed_tokens), started, detail)
                 if samples[i]:
-                    output.events += state.sample(logits[row])
+                    output.events += state.sample(logits[row], summaries[row])
                     row += 1
             except Exception as exc:  # this request fails; the batch goes on
                 output.error, output.done = exc, True

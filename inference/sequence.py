@@ -19,7 +19,7 @@ from torch import Tensor
 from inference.detokenizer import IncrementalDetokenizer
 from inference.grammar import Grammar
 from inference.params import SamplingParams
-from inference.sampling import Sampler
+from inference.sampling import RowSummary, Sampler
 from inference.trace import (
     BatchStep,
     ContextBuilt,
@@ -144,12 +144,13 @@ class SequenceState:
         """Whether the forward just planned ends on a token this sequence samples after (not mid-prompt)."""
         return self.phase == Phase.DECODE
 
-    def sample(self, logits: Tensor) -> list[TraceEvent]:
-        """Pick the next token from this sequence's float32 logits [V]; its events, and Finished when it is done."""
+    def sample(self, logits: Tensor, summary: RowSummary | None = None) -> list[TraceEvent]:
+        """Pick the next token from this sequence's float32 logits [V] (and their summary, when the step made one for
+        every row); its events, and Finished when it is done."""
         started = time.perf_counter()
         grammar = self.request.grammar
         allowed = grammar.allowed() if grammar is not None else None
-        sample = self.sampler.sample(logits, DETAIL_TOP_N if self.traced else 0, allowed)
+        sample = self.sampler.sample(logits, DETAIL_TOP_N if self.traced else 0, allowed, summary)
         if grammar is not None:
             grammar.advance(sample.token_id)
             if sample.detail is not None:
