@@ -43,9 +43,10 @@ class SchedulerConfig:
     max_batch: int = 32  # sequences in one forward
     max_waiting: int = 64  # requests queued while every slot is taken; beyond that `add` refuses
     kv_budget_bytes: int = 2 * GIB  # the running sequences' KV cache may not grow past this
-    prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers, while nothing else runs
-    prefill_chunk_decoding: int = 4  # ...and while other sequences decode: a step costs about its row count, so a few
-    # prompt tokens keep every stream's gap between tokens near a decode step's, and the prompt is in a few steps later
+    prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
+    prefill_chunk_decoding: int = 4  # ...and at most this many per newcomer while other sequences decode: a step costs
+    # about its row count, so a few prompt tokens keep every stream's gap between tokens near a decode step's, while a
+    # crowd of newcomers (each taking its few) is still prefilled in a dozen steps
     prefix_cache_bytes: int = GIB // 8  # 0 turns the prefix cache off
     prefix_block: int = 32  # tokens per prefix-cache block
 
@@ -180,10 +181,11 @@ class Scheduler:
         if not rows:
             return outputs
         decoding = any(s.phase == Phase.DECODE for s in rows)
-        budget = self.config.prefill_chunk_decoding if decoding else self.config.prefill_chunk
+        each = self.config.prefill_chunk_decoding if decoding else self.config.prefill_chunk
+        budget = self.config.prefill_chunk
         fed: list[list[int]] = []
         for state in rows:
-            tokens = state.next_tokens(budget)
+            tokens = state.next_tokens(min(each, budget))
             if state.phase == Phase.PREFILL:
                 budget -= len(tokens)
             fed.append(tokens)

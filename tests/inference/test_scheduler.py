@@ -109,6 +109,19 @@ def test_a_long_prompt_alone_is_prefilled_in_the_larger_chunks(tiny_model: Loade
     assert [f.n_tokens for f in forwards] == [64, 37]
 
 
+def test_while_others_decode_each_newcomer_gets_its_own_small_chunk(tiny_model: LoadedModel) -> None:
+    """A crowd of newcomers is not starved by one shared small chunk: each takes its few tokens per step, up to the
+    step's whole prompt budget."""
+    scheduler = _scheduler(tiny_model, prefill_chunk=10, prefill_chunk_decoding=4)
+    scheduler.add(_request("running", PROMPTS[0], max_tokens=30))
+    scheduler.step()
+    for i in range(3):
+        scheduler.add(_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2))
+    outputs = {o.request_id: o for o in scheduler.step()}
+    fed = {rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)] for rid, o in outputs.items() if rid != "running"}
+    assert fed == {"new0": [4], "new1": [4], "new2": [2]}  # 4 each, until the step's 10 prompt tokens are spent
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_decode_steps(tiny_model: LoadedModel) -> None:
     scheduler = _scheduler(tiny_model, prefill_chunk=64, prefill_chunk_decoding=16)
     scheduler.add(_request("short", PROMPTS[0], TraceLevel.SUMMARY, max_tokens=30))
