@@ -38,10 +38,11 @@ class PrefixHit:
 
 
 class PrefixCache:
-    """Blocks live in one pool of keys and values [blocks, n_layers, n_kv, block_size, hd], allocated (and its pages
-    touched) by `allocate` or at the first insert, and never freed: an evicted block's place is reused. Allocating
-    every block anew cost up to 13 ms when a sequence finished (fresh pages, while every running stream waited);
-    copying into the pool costs only the copy."""
+    """Blocks live in one pool of keys and values [blocks, n_layers, n_kv, block_size, hd], allocated by `allocate` or
+    at the first insert and never freed: an evicted block's place is reused. Allocating every block anew cost up to
+    13 ms when a sequence finished (fresh pages from the OS each time, while every running stream waited); the pool's
+    pages are taken once, as blocks first fill them (so memory still grows only with what is cached), and later
+    inserts cost only the copy."""
 
     def __init__(self, max_bytes: int, block_size: int = 32) -> None:
         self.max_bytes = max_bytes
@@ -123,15 +124,15 @@ class PrefixCache:
         self._pool(cache)
 
     def _pool(self, cache: SlotCache) -> bool:
-        """The pool for this cache's shape, allocated and zeroed once; False when the budget holds no block."""
+        """The pool for this cache's shape, allocated once; False when the budget holds no block."""
         if self._k is None:
             n_layers, _, n_kv, _, hd = cache.k.shape
             shape = (n_layers, n_kv, self.block_size, hd)
             blocks = self.max_bytes // (2 * cache.k.element_size() * n_layers * n_kv * self.block_size * hd)
             if blocks <= 0:
                 return False
-            self._k = torch.zeros((blocks, *shape), dtype=cache.k.dtype, device=cache.k.device)
-            self._v = torch.zeros_like(self._k)
+            self._k = torch.empty((blocks, *shape), dtype=cache.k.dtype, device=cache.k.device)
+            self._v = torch.empty_like(self._k)
             self._free = list(range(blocks - 1, -1, -1))
         return True
 
