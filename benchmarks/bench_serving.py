@@ -9,7 +9,9 @@ tokens), stops it, then does the same against llama-server (`--parallel` = the h
 level) built by ../shared/tools/llamacpp-reference. Loopback only. Per level it prints
 aggregate output tokens/s, time to first token and inter-token latency (p50, p99), all
 measured on the client with time.perf_counter (a lean client, `benchmarks.lean_stream`, the same
-for both servers), and checks the bars of the batching issue.
+for both servers), and, for Roundtrip, the mean engine step and batch over the level from its
+/metrics (the rest of an ITL is the web side's and the client's work); then it checks the bars
+of the batching issue.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import httpx2 as httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,6 +57,7 @@ class Level:
     streams: int
     results: list[Result]
     seconds: float
+    engine: dict[str, float] = field(default_factory=dict)  # the server's own step clock over the level, where it has one
 
     @property
     def tokens(self) -> int:
@@ -67,7 +71,37 @@ class Level:
         gaps = [g for r in self.results for g in r.gaps]
         return {"streams": self.streams, "requests": len(self.results), "errors": sum(bool(r.error) for r in self.results),
                 "tok_s": self.tokens / self.seconds, "ttft_p50": self.stat(ttfts, 50), "ttft_p99": self.stat(ttfts, 99),
-                "itl_p50": self.stat(gaps, 50), "itl_p99": self.stat(gaps, 99)}
+                "itl_p50": self.stat(gaps, 50), "itl_p99": self.stat(gaps, 99), **self.engine}
+
+
+def engine_totals(url: str) -> dict[str, float] | None:
+    """Roundtrip's step counters from /metrics (sums over models): how many batched forwards, their seconds and rows.
+    None for a server without them (llama-server)."""
+    try:
+        reply = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=5)
+    except httpx.HTTPError:
+        return None
+    if reply.status_code != 200:
+        return None
+    totals = {"steps": 0.0, "step_seconds": 0.0, "rows": 0.0}
+    for family in text_string_to_metric_families(reply.text):
+        for sample in family.samples:
+            if sample.name == "roundtrip_step_seconds_count":
+                totals["steps"] += sample.value
+            elif sample.name == "roundtrip_step_seconds_sum":
+                totals["step_seconds"] += sample.value
+            elif sample.name == "roundtrip_batch_size_sum":
+                totals["rows"] += sample.value
+    return totals
+
+
+def engine_row(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """The level's mean engine step (forward and sampling, on the server's clock) and mean batch: what an ITL is made
+    of besides the web side's and the client's work."""
+    if before is None or after is None or after["steps"] <= before["steps"]:
+        return {}
+    steps = after["steps"] - before["steps"]
+    return {"step_ms": (after["step_seconds"] - before["step_seconds"]) / steps * 1000, "batch": (after["rows"] - before["rows"]) / steps}
 
 
 async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: int) -> Result:
@@ -117,7 +151,9 @@ def sweep(name: str, url: str, key: str, model: str, levels: list[int], rounds: 
     asyncio.run(run_level(url, key, model, 1, 1, 8, 10_000))  # warm-up, not counted
     out = []
     for i, streams in enumerate(levels):
+        before = engine_totals(url)
         level = asyncio.run(run_level(url, key, model, streams, rounds, max_tokens, offset=1000 * i))
+        level.engine = engine_row(before, engine_totals(url))
         out.append(level)
         r = level.row()
         print(f"  {name:<12} {streams:>3} streams: {r['tok_s']:7.1f} tok/s, TTFT p50 {r['ttft_p50'] * 1000:7.0f} ms, "
@@ -232,12 +268,14 @@ def main() -> None:
 
 def report(table: dict[str, list[dict[str, float]]], levels: list[int], max_tokens: int, model_path: str, threads: int) -> None:
     print(f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {threads} CPU threads; client on the same machine")
-    header = f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
+    header = (f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
+              f"{'step avg':>10}{'batch':>7}")
     print(header)
     for name, rows in table.items():
         for r in rows:
             print(f"{name:<14}{r['streams']:>8}{r['requests']:>9}{r['tok_s']:>9.1f}{r['ttft_p50'] * 1000:>8.0f}ms{r['ttft_p99'] * 1000:>8.0f}ms"
-                  f"{r['itl_p50'] * 1000:>7.1f}ms{r['itl_p99'] * 1000:>7.1f}ms{r['errors']:>7}")
+                  f"{r['itl_p50'] * 1000:>7.1f}ms{r['itl_p99'] * 1000:>7.1f}ms{r['errors']:>7}"
+                  + (f"{r['step_ms']:>8.1f}ms{r['batch']:>7.1f}" if "step_ms" in r else ""))
     ours = {r["streams"]: r for r in table.get("roundtrip", [])}
     theirs = {r["streams"]: r for r in table.get("llama-server", [])}
     if 1 in ours and 8 in ours:

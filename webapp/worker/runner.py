@@ -262,6 +262,7 @@ class EngineRunner:
         started = time.perf_counter()
         try:
             outputs = scheduler.step()
+            stepped = time.perf_counter() - started  # the engine's own work: forward, sampling, bookkeeping
         except Exception as exc:  # the batched forward itself failed: every request in it fails, the worker goes on
             log.exception("a step of %s failed", model_id)
             for request_id in scheduler.drop_all():
@@ -274,7 +275,7 @@ class EngineRunner:
         if self._settle is not None:
             self._settle()
         if scheduler.steps != steps and scheduler.last_batch is not None:  # a forward ran
-            metrics.step_seconds.labels(model_id).observe(time.perf_counter() - started)
+            metrics.step_seconds.labels(model_id).observe(stepped)
             metrics.batch_size.labels(model_id).observe(scheduler.last_batch.batch_size)
 
     def _handle_commands(self, block: bool) -> None:
