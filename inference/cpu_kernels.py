@@ -1,4 +1,4 @@
-"""Our own CPU kernels (`inference/kernels/*.cpp`), for the three places where torch's leave most of a batched decode step.
+"""Our own CPU kernels (`inference/kernels/*.cpp`), for the places where torch's leave most of a batched decode step.
 
 - `q4_mm` (`q4_mm.cpp`): int4 weights times int8 activations. torch's eager int4 kernel decodes each
   weight again for every block of 4 rows, so a step of 8 sequences costs twice one; inductor's AMX GEMM
@@ -10,6 +10,8 @@
 - `rms_norm` (`rms_norm.cpp`): one pass per row, where torch's CPU RMSNorm runs six ops.
 - `decode_attention` (`decode_attention.cpp`): each decode row against exactly its own sequence's
   keys, where torch's SDPA pads every row to the longest and is tuned for long query blocks.
+- `row_summary` and `near_best` (`logit_rows.cpp`): each row of logits' log-partition and best token, and the tokens
+  near the best, in one or two passes, where torch makes several over a fresh copy of the 49k-wide rows.
 
 The library is compiled once per torch build, source and instruction set, in a child process (`python -m
 inference.cpu_kernels_build PATH ISA`, about 30 s), cached beside the weights, and loaded as torch operators. It is
@@ -34,7 +36,7 @@ from torch import Tensor
 
 log = logging.getLogger("roundtrip.inference")
 
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4_mm.cpp", "rms_norm.cpp", "decode_attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4_mm.cpp", "rms_norm.cpp", "decode_attention.cpp", "logit_rows.cpp"))
 HEADERS = (Path(__file__).with_name("kernels") / "simd.h",)
 BLOCK_N = 16  # outputs per block of q4_mm's packed layout
 GROUP = 32  # inputs per quantization group (the weights' and the activations')
@@ -174,3 +176,16 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, len
     lengths[i] positions of slot slots[i]. Returns [n, H, hd], float32."""
     y: Tensor = torch.ops.roundtrip.decode_attention(q, keys, values, slots, lengths, scale)
     return y
+
+
+def row_summary(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """float32 logits [n, V] -> (logsumexp [n] float32, first index of each row's largest value [n] int64)."""
+    log_z, best = torch.ops.roundtrip.row_summary(logits)
+    return log_z, best
+
+
+def near_best(logits: Tensor, margin: float) -> tuple[Tensor, Tensor]:
+    """(rows, tokens) of the entries of float32 logits [n, V] within `margin` of their row's largest, in the order
+    `(logits >= best - margin).nonzero(as_tuple=True)` gives them."""
+    pairs: Tensor = torch.ops.roundtrip.near_best(logits, margin)  # [m, 2]
+    return pairs[:, 0], pairs[:, 1]

@@ -243,7 +243,10 @@ class Transformer(nn.Module):
         if refined_rows == 0 or self.output.format.compute_dtype == torch.float32:
             return logits
         exact = logits[:refined_rows]  # [r, V], a view: refined in place
-        row, token = (exact >= exact.amax(dim=-1, keepdim=True) - REFINE_MARGIN).nonzero(as_tuple=True)  # [m] each
+        if exact.device.type == "cpu" and cpu_kernels.is_loaded():
+            row, token = cpu_kernels.near_best(exact, REFINE_MARGIN)  # [m] each
+        else:
+            row, token = (exact >= exact.amax(dim=-1, keepdim=True) - REFINE_MARGIN).nonzero(as_tuple=True)  # [m] each
         exact[row, token] = (self.output.rows(token) * normed[row].float()).sum(dim=-1)  # [m, dim] -> [m]
         return logits
 

@@ -33,6 +33,8 @@ inline Float fnmadd(Float a, Float b, Float c) { return _mm512_fnmadd_ps(a, b, c
 inline Float round(Float v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline float sum(Float v) { return _mm512_reduce_add_ps(v); }
 inline float largest(Float v) { return _mm512_reduce_max_ps(v); }
+// Bit i set where lane i of v is at least `floor`.
+inline unsigned at_least(Float v, float floor) { return _mm512_cmp_ps_mask(v, set1(floor), _CMP_GE_OQ); }
 // 2^n for whole n in [-126, 127], built in the exponent bits.
 inline Float pow2(Float n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)); }
 
@@ -68,6 +70,7 @@ inline float largest(Float v) {
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
 }
+inline unsigned at_least(Float v, float floor) { return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, set1(floor), _CMP_GE_OQ))); }
 inline Float pow2(Float n) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)); }
 
 #else

@@ -112,6 +112,24 @@ def test_decode_attention_refuses_rows_outside_the_cache() -> None:
                                      torch.tensor([4]), 0.25)
 
 
+@pytest.mark.parametrize("vocab", [49152, 1000, 7])
+def test_row_summary_gives_torchs_logsumexp_and_the_first_best_token(vocab: int) -> None:
+    logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(3)) * 8
+    logits[2, : vocab // 2] = float("-inf")  # a grammar's masked tokens
+    logits[4, vocab - 1] = logits[4, 0] = 1000.0  # a tie: the first one wins, as torch's max gives it
+    log_z, best = cpu_kernels.row_summary(logits)
+    assert torch.allclose(log_z, torch.logsumexp(logits, dim=-1), rtol=1e-6, atol=1e-5)
+    assert best.tolist() == logits.max(dim=-1).indices.tolist() and int(best[4]) == 0
+
+
+def test_near_best_finds_what_nonzero_finds_in_the_same_order() -> None:
+    logits = torch.randn(8, 49152, generator=torch.Generator().manual_seed(4)) * 3
+    logits[5] = 0.0  # a whole row within the margin
+    rows, tokens = cpu_kernels.near_best(logits, 4.0)
+    expected_rows, expected_tokens = (logits >= logits.amax(dim=-1, keepdim=True) - 4.0).nonzero(as_tuple=True)
+    assert torch.equal(rows, expected_rows) and torch.equal(tokens, expected_tokens)
+
+
 def test_the_kernel_setting_is_checked_by_name() -> None:
     assert cpu_kernels.isa("off") is None
     with pytest.raises(ValueError, match="ROUNDTRIP_CPU_KERNELS='sse4'"):
