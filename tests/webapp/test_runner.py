@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import queue
 import time
 from pathlib import Path
@@ -75,6 +76,14 @@ def test_it_streams_a_request_and_finishes(runner: tuple[EngineRunner, Replies])
     assert [m["type"] for m in got[:2]] == ["queued", "accepted"] and got[1]["control"] == "control.x"
     finished = got[-1]["event"]
     assert finished["completion_tokens"] == 20 and finished["timings"]["queue"] >= 0
+
+
+def test_what_was_loaded_is_frozen_out_of_the_garbage_collectors_full_passes(runner: tuple[EngineRunner, Replies]) -> None:
+    """A full collection over Django's, torch's and the model's objects took 50-140 ms, stalling every stream."""
+    deadline = time.monotonic() + 10  # frozen right after the models are ready
+    while gc.get_freeze_count() < 10_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gc.get_freeze_count() >= 10_000
 
 
 def test_a_bad_request_is_an_error_reply_not_a_dead_thread(runner: tuple[EngineRunner, Replies]) -> None:
