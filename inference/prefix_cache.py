@@ -93,7 +93,7 @@ class PrefixCache:
 
     def insert(self, ids: Sequence[int], cache: SlotCache, slot: int, length: int) -> None:
         """Keep the whole blocks of ids[:length], whose keys and values are in `slot` of `cache`."""
-        if not self._pool(cache):
+        if not self.allocate(cache):
             return
         assert self._k is not None and self._v is not None
         bs = self.block_size
@@ -119,12 +119,9 @@ class PrefixCache:
         self._v.index_copy_(0, index, _split(v, bs))
         self._touch(chain + new)
 
-    def allocate(self, cache: SlotCache) -> None:
-        """Allocate the pool for blocks of this cache now (the engine does it while loading, not mid-stream)."""
-        self._pool(cache)
-
-    def _pool(self, cache: SlotCache) -> bool:
-        """The pool for this cache's shape, allocated once; False when the budget holds no block."""
+    def allocate(self, cache: SlotCache) -> bool:
+        """The pool for blocks of this cache, allocated on the first call (the engine makes it while loading, not
+        mid-stream); False when the budget holds no block."""
         if self._k is None:
             n_layers, _, n_kv, _, hd = cache.k.shape
             shape = (n_layers, n_kv, self.block_size, hd)
