@@ -134,6 +134,7 @@ inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, c
       const int8_t* qg = q + g * kGroup;
       __m256i dot[MT];
       for (int m = 0; m < MT; ++m) dot[m] = _mm256_setzero_si256();
+#pragma GCC unroll 1
       for (int qd = 0; qd < 4; ++qd) {
         const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 64 * qd + 32 * h));
         const __m256i lo = _mm256_and_si256(bytes, low);
