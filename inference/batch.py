@@ -87,15 +87,18 @@ class BatchPlan:
     groups: tuple[AttentionGroup, ...]
     last_tokens: Tensor  # [n_chunks] the index of each chunk's last token
     decode: DecodeRows | None = None  # with `decode_kernel`: the tokens of short chunks, which no group then holds
+    rotations: Tensor | None = None  # with `fused_rope`, when the decode kernel takes every token: `freqs` as [N, rope_dim / 2, 2] (cos, sin)
 
     @property
     def n_tokens(self) -> int:
         return int(self.token_slots.shape[0])
 
     @classmethod
-    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor, dtype: torch.dtype = torch.float32, decode_kernel: bool = False) -> BatchPlan:
+    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor, dtype: torch.dtype = torch.float32, decode_kernel: bool = False,
+              fused_rope: bool = False) -> BatchPlan:
         """`dtype`: the activations', for the additive attention masks; `decode_kernel`: chunks of up to
-        KERNEL_CHUNK tokens are attended by the decode-attention kernel instead of in groups."""
+        KERNEL_CHUNK tokens are attended by the decode-attention kernel instead of in groups; `fused_rope`: when it
+        takes every token, the kernel also rotates and stores them (`rotations`)."""
         device = freqs_cis.device
         offsets = [0]
         for chunk in chunks:
@@ -120,14 +123,16 @@ class BatchPlan:
         for i, chunk in enumerate(chunks):
             if (chunk.length > 1 and i not in by_kernel) or (decode is None and chunk.end >= long_from):
                 groups.append(_chunk_group(offsets[i], chunk, device, dtype))
+        freqs = freqs_cis[positions]
         return cls(
             chunks=tuple(chunks),
             token_slots=slots,
             token_positions=positions,
-            freqs=freqs_cis[positions],
+            freqs=freqs,
             groups=tuple(groups),
             last_tokens=torch.tensor(offsets[1:], device=device) - 1,
             decode=decode,
+            rotations=torch.view_as_real(freqs) if fused_rope and decode is not None and decode.every_token else None,
         )
 
 

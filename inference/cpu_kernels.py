@@ -57,7 +57,7 @@ ISAS = (  # best first
         ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")),
     Isa("avx2", ("-mavx2", "-mf16c", "-mfma"), ("avx2", "f16c", "fma")),
 )
-COMMON_FLAGS = ("-O3", "-fopenmp")
+COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")  # products and sums rounded as written: see roped_decode_attention
 
 _loaded: Isa | None = None  # set once `load` has loaded the library into this process
 
@@ -175,6 +175,16 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, len
     """q [n, H, hd]; keys and values one layer of the cache [slots, KV, capacity, hd]; row i attends over the first
     lengths[i] positions of slot slots[i]. Returns [n, H, hd], float32."""
     y: Tensor = torch.ops.roundtrip.decode_attention(q, keys, values, slots, lengths, scale)
+    return y
+
+
+def roped_decode_attention(qkv: Tensor, rotations: Tensor, keys: Tensor, values: Tensor, slots: Tensor, positions: Tensor, heads: int,
+                           scale: float) -> Tensor:
+    """A decode step's attention in one call: qkv [n, (H + 2 KV) * hd] as the projection gives it; rotations [n, R, 2]
+    (RoPE's cos and sin at each row's position). Rotates queries and keys as `inference.model.apply_rope` does (the same
+    bits), stores keys and values at (slots[i], positions[i]) of one layer of the cache [slots, KV, capacity, hd] in
+    place, and attends row i over positions 0..positions[i] of its slot. Returns [n, H * hd], float32."""
+    y: Tensor = torch.ops.roundtrip.roped_decode_attention(qkv, rotations, keys, values, slots, positions, heads, scale)
     return y
 
 

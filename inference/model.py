@@ -110,6 +110,11 @@ class Block(nn.Module):
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
         N = x.shape[0]
+        if plan.rotations is not None and not probes:  # every token by the decode kernel: rotate, store and attend in one call
+            keys, values = cache.layer(layer)
+            out = cpu_kernels.roped_decode_attention(self.attn_qkv(x).float(), plan.rotations, keys, values, plan.token_slots, plan.token_positions,
+                                                     c.n_heads, c.head_dim**-0.5)  # [N, H * hd]
+            return self.attn_output(out)
         qkv = self.attn_qkv(x).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
         qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs, self.stream_dtype)  # [N, H + KV, hd]: one rotation for both
         q, k = qk[:, : c.n_heads], qk[:, c.n_heads :]  # [N, H | KV, hd]
@@ -254,7 +259,7 @@ class Transformer(nn.Module):
         """The layout of a forward over `chunks` (see `inference.batch`), on this model's device and dtype."""
         if self.freqs_cis.device != self.device:
             self.freqs_cis = self.freqs_cis.to(self.device)  # moved once
-        return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel)
+        return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel, fused_rope=self.decode_kernel and self.config.rope_dim % 16 == 0)
 
     @property
     def decode_kernel(self) -> bool:

@@ -28,11 +28,21 @@ inline Float add(Float a, Float b) { return _mm512_add_ps(a, b); }
 inline Float sub(Float a, Float b) { return _mm512_sub_ps(a, b); }
 inline Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
 inline Float max(Float a, Float b) { return _mm512_max_ps(a, b); }
+// Lanes 2i and 2i + 1 swapped.
+inline Float swap_pairs(Float v) { return _mm512_permute_ps(v, 0xB1); }
+// Even lanes from a, odd lanes from b.
+inline Float odd_from(Float a, Float b) { return _mm512_mask_blend_ps(0xAAAA, a, b); }
 inline Float fmadd(Float a, Float b, Float c) { return _mm512_fmadd_ps(a, b, c); }     // a b + c
 inline Float fnmadd(Float a, Float b, Float c) { return _mm512_fnmadd_ps(a, b, c); }   // c - a b
 inline Float round(Float v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline float sum(Float v) { return _mm512_reduce_add_ps(v); }
 inline float largest(Float v) { return _mm512_reduce_max_ps(v); }
+// The sums of a, b, c and d, in that order.
+inline __m128 sum4(Float a, Float b, Float c, Float d) {
+  const auto half = [](Float v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); };
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(half(a), half(b)), _mm256_hadd_ps(half(c), half(d)));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
 // Bit i set where lane i of v is at least `floor`.
 inline unsigned at_least(Float v, float floor) { return _mm512_cmp_ps_mask(v, set1(floor), _CMP_GE_OQ); }
 // 2^n for whole n in [-126, 127], built in the exponent bits.
@@ -57,6 +67,8 @@ inline Float add(Float a, Float b) { return _mm256_add_ps(a, b); }
 inline Float sub(Float a, Float b) { return _mm256_sub_ps(a, b); }
 inline Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
 inline Float max(Float a, Float b) { return _mm256_max_ps(a, b); }
+inline Float swap_pairs(Float v) { return _mm256_permute_ps(v, 0xB1); }
+inline Float odd_from(Float a, Float b) { return _mm256_blend_ps(a, b, 0xAA); }
 inline Float fmadd(Float a, Float b, Float c) { return _mm256_fmadd_ps(a, b, c); }
 inline Float fnmadd(Float a, Float b, Float c) { return _mm256_fnmadd_ps(a, b, c); }
 inline Float round(Float v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -64,6 +76,11 @@ inline float sum(Float v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+// The sums of a, b, c and d, in that order: three horizontal adds leave [a b c d] in each half, partly summed.
+inline __m128 sum4(Float a, Float b, Float c, Float d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 inline float largest(Float v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -103,6 +103,37 @@ def test_decode_attention_reads_each_rows_own_length_like_sdpa(heads: int, kv_he
         assert torch.allclose(got[i], expected, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("rope_pairs", [32, 16])
+def test_roped_decode_attention_is_rope_then_cache_write_then_decode_attention(rope_pairs: int) -> None:
+    from inference.model import apply_rope
+
+    generator = torch.Generator().manual_seed(5)
+    heads, kv_heads, hd, capacity = 9, 3, 64, 40
+    keys = torch.randn(3, kv_heads, capacity, hd, generator=generator)
+    values = torch.randn(3, kv_heads, capacity, hd, generator=generator)
+    rows = [(2, 10), (0, 0), (1, 5), (1, 6)]  # (slot, position): the last two are one slot's two-token chunk
+    slots, positions = torch.tensor([s for s, _ in rows]), torch.tensor([p for _, p in rows])
+    qkv = torch.randn(len(rows), (heads + 2 * kv_heads) * hd, generator=generator)
+    angles = torch.rand(len(rows), rope_pairs, generator=generator, dtype=torch.float64) * 100
+    freqs = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # [n, R]
+    expected_keys, expected_values = keys.clone(), values.clone()
+    split = qkv.view(len(rows), heads + 2 * kv_heads, hd)
+    qk = apply_rope(split[:, : heads + kv_heads], freqs)
+    expected_keys[slots, :, positions] = qk[:, heads:]
+    expected_values[slots, :, positions] = split[:, heads + kv_heads :]
+    expected = cpu_kernels.decode_attention(qk[:, :heads], expected_keys, expected_values, slots, positions + 1, hd**-0.5)
+    got = cpu_kernels.roped_decode_attention(qkv, torch.view_as_real(freqs), keys, values, slots, positions, heads, hd**-0.5)
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)  # the same bits as torch's rotation
+    assert torch.equal(got, expected.view(len(rows), heads * hd))
+
+
+def test_roped_decode_attention_refuses_a_position_outside_the_cache() -> None:
+    keys = torch.zeros(2, 1, 8, 32)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu_kernels.roped_decode_attention(torch.zeros(1, 3 * 32), torch.zeros(1, 16, 2), keys, keys.clone(), torch.tensor([0]),
+                                           torch.tensor([8]), 1, 0.25)
+
+
 def test_decode_attention_refuses_rows_outside_the_cache() -> None:
     keys = torch.zeros(2, 1, 8, 32)
     with pytest.raises(RuntimeError, match="outside the cache"):

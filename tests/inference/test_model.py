@@ -112,3 +112,22 @@ def test_a_short_prompt_chunk_beside_decode_rows_is_attended_by_the_decode_kerne
     assert [(g.lo, g.hi, g.kv_len) for g in plan.groups] == [(2, 3, 40)]  # the long chunk: one causal call
     mixed = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4)], freqs, decode_kernel=True)
     assert mixed.groups == () and mixed.decode is not None and mixed.decode.every_token
+
+
+def test_a_decode_step_rotates_stores_and_attends_in_one_kernel_call_with_the_same_bits(write_gguf: Any) -> None:
+    """The fused path (rope, cache write and decode attention in one call per layer) against the same step done by
+    apply_rope, SlotCache.write and the decode kernel separately: same logits, same keys and values in the cache."""
+    model = load_model(str(write_gguf(dim=128)), device="cpu", use_cache=False).model  # head_dim 32: the kernel's smallest
+    a, b = [1, 40, 41, 42], [1, 90, 91]
+    caches = [model.new_cache(2, 16) for _ in range(2)]
+    for cache in caches:
+        _forward(model, cache, [(Chunk(0, 0, 4), a), (Chunk(1, 0, 3), b)])
+    chunks = [Chunk(0, 4, 1), Chunk(1, 3, 3)]  # a decode row and a short chunk: every token by the kernel
+    fused = model.plan(chunks)
+    separate = BatchPlan.build(chunks, model.freqs_cis, decode_kernel=True)
+    assert fused.rotations is not None and separate.rotations is None
+    tokens = torch.tensor([43, 5, 6, 7])
+    with torch.inference_mode():
+        got = [model(tokens, plan, cache) for plan, cache in zip((fused, separate), caches)]
+    assert torch.equal(got[0], got[1])
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
