@@ -259,7 +259,8 @@ class Transformer(nn.Module):
         """The layout of a forward over `chunks` (see `inference.batch`), on this model's device and dtype."""
         if self.freqs_cis.device != self.device:
             self.freqs_cis = self.freqs_cis.to(self.device)  # moved once
-        return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel, fused_rope=self.decode_kernel and self.config.rope_dim % 16 == 0)
+        fused = self.decode_kernel and self.config.rope_dim % 16 == 0  # the fused call turns whole vectors of pairs (16 floats with AVX512)
+        return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel, fused_rope=fused)
 
     @property
     def decode_kernel(self) -> bool:
