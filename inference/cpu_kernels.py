@@ -178,13 +178,13 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, len
     return y
 
 
-def roped_decode_attention(qkv: Tensor, rotations: Tensor, keys: Tensor, values: Tensor, slots: Tensor, positions: Tensor, heads: int,
+def roped_decode_attention(qkv: Tensor, rotations: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor, heads: int,
                            scale: float) -> Tensor:
     """A decode step's attention in one call: qkv [n, (H + 2 KV) * hd] as the projection gives it; rotations [n, R, 2]
     (RoPE's cos and sin at each row's position). Rotates queries and keys as `inference.model.apply_rope` does (the same
-    bits), stores keys and values at (slots[i], positions[i]) of one layer of the cache [slots, KV, capacity, hd] in
-    place, and attends row i over positions 0..positions[i] of its slot. Returns [n, H * hd], float32."""
-    y: Tensor = torch.ops.roundtrip.roped_decode_attention(qkv, rotations, keys, values, slots, positions, heads, scale)
+    bits), stores keys and values at position lengths[i] - 1 of slot slots[i] in one layer of the cache [slots, KV,
+    capacity, hd], in place, and attends row i over its slot's first lengths[i] positions. Returns [n, H * hd], float32."""
+    y: Tensor = torch.ops.roundtrip.roped_decode_attention(qkv, rotations, keys, values, slots, lengths, heads, scale)
     return y
 
 

@@ -110,9 +110,9 @@ class Block(nn.Module):
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
         N = x.shape[0]
-        if plan.rotations is not None and not probes:  # every token by the decode kernel: rotate, store and attend in one call
+        if plan.rotations is not None and plan.decode is not None and not probes:  # every token by the decode kernel: rotate, store, attend
             keys, values = cache.layer(layer)
-            out = cpu_kernels.roped_decode_attention(self.attn_qkv(x).float(), plan.rotations, keys, values, plan.token_slots, plan.token_positions,
+            out = cpu_kernels.roped_decode_attention(self.attn_qkv(x).float(), plan.rotations, keys, values, plan.decode.slots, plan.decode.lengths,
                                                      c.n_heads, c.head_dim**-0.5)  # [N, H * hd]
             return self.attn_output(out)
         qkv = self.attn_qkv(x).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]

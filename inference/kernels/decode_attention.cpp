@@ -159,12 +159,13 @@ void rotate(const float* x, const float* rotation, int64_t R, int64_t hd, float*
 // A decode step's attention from the projection's output to the output projection's input, in one call instead of a
 // dozen torch operations per layer (their dispatch cost as much as the attention itself): rotate every row's queries
 // and keys, store its keys and values at its position, then attend as `decode_attention` does, row i over positions
-// 0..positions[i] of its slot (rows of one slot at consecutive positions, a short prompt chunk, see each other as a
+// 0..lengths[i] - 1 of its slot (rows of one slot at consecutive positions, a short prompt chunk, see each other as a
 // causal prefill would).
 // qkv [n, (H + 2 KV) hd]: queries, keys, values per row; rotations [n, R, 2]: (cos, sin) per pair at the row's position;
-// keys, values: one layer of the cache [slots, KV, capacity, hd], written in place. Returns [n, H hd].
+// keys, values: one layer of the cache [slots, KV, capacity, hd], written in place; row i is the token at position
+// lengths[i] - 1 of slot slots[i] (the plan's DecodeRows, as `decode_attention` takes them). Returns [n, H hd].
 at::Tensor roped_decode_attention(const at::Tensor& qkv_in, const at::Tensor& rotations_in, const at::Tensor& keys, const at::Tensor& values,
-                                  const at::Tensor& slots_in, const at::Tensor& positions_in, int64_t heads, double scale) {
+                                  const at::Tensor& slots_in, const at::Tensor& lengths_in, int64_t heads, double scale) {
   TORCH_CHECK(qkv_in.scalar_type() == at::kFloat && rotations_in.scalar_type() == at::kFloat, "roped_decode_attention: float32 only");
   const int64_t kv_heads = keys.size(1), hd = keys.size(3), n = qkv_in.size(0);
   check_cache(keys, values, heads, hd);
@@ -174,8 +175,8 @@ at::Tensor roped_decode_attention(const at::Tensor& qkv_in, const at::Tensor& ro
   TORCH_CHECK(rotations.dim() == 3 && rotations.size(0) == n && rotations.size(2) == 2 && 2 * R <= hd && (2 * R) % simd::kWidth == 0,
               "roped_decode_attention: rotations must be [n, R, 2], with 2 R a multiple of ", simd::kWidth, " and at most head_dim");
   const at::Tensor slots = slots_in.to(at::kLong).contiguous();
-  const at::Tensor lengths = positions_in.to(at::kLong).contiguous() + 1;
-  TORCH_CHECK(slots.numel() == n && lengths.numel() == n, "roped_decode_attention: one slot and one position per row");
+  const at::Tensor lengths = lengths_in.to(at::kLong).contiguous();
+  TORCH_CHECK(slots.numel() == n && lengths.numel() == n, "roped_decode_attention: one slot and one length per row");
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lengths.data_ptr<int64_t>();
   check_rows(keys, sp, lp, n);
@@ -206,7 +207,7 @@ at::Tensor roped_decode_attention(const at::Tensor& qkv_in, const at::Tensor& ro
 
 TORCH_LIBRARY_FRAGMENT(roundtrip, m) {
   m.def("decode_attention(Tensor q, Tensor keys, Tensor values, Tensor slots, Tensor lengths, float scale) -> Tensor");
-  m.def("roped_decode_attention(Tensor qkv, Tensor rotations, Tensor(a!) keys, Tensor(b!) values, Tensor slots, Tensor positions, int heads, "
+  m.def("roped_decode_attention(Tensor qkv, Tensor rotations, Tensor(a!) keys, Tensor(b!) values, Tensor slots, Tensor lengths, int heads, "
         "float scale) -> Tensor");
 }
 

@@ -122,7 +122,7 @@ def test_roped_decode_attention_is_rope_then_cache_write_then_decode_attention(r
     expected_keys[slots, :, positions] = qk[:, heads:]
     expected_values[slots, :, positions] = split[:, heads + kv_heads :]
     expected = cpu_kernels.decode_attention(qk[:, :heads], expected_keys, expected_values, slots, positions + 1, hd**-0.5)
-    got = cpu_kernels.roped_decode_attention(qkv, torch.view_as_real(freqs), keys, values, slots, positions, heads, hd**-0.5)
+    got = cpu_kernels.roped_decode_attention(qkv, torch.view_as_real(freqs), keys, values, slots, positions + 1, heads, hd**-0.5)
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)  # the same bits as torch's rotation
     assert torch.equal(got, expected.view(len(rows), heads * hd))
 
@@ -131,7 +131,7 @@ def test_roped_decode_attention_refuses_a_position_outside_the_cache() -> None:
     keys = torch.zeros(2, 1, 8, 32)
     with pytest.raises(RuntimeError, match="outside the cache"):
         cpu_kernels.roped_decode_attention(torch.zeros(1, 3 * 32), torch.zeros(1, 16, 2), keys, keys.clone(), torch.tensor([0]),
-                                           torch.tensor([8]), 1, 0.25)
+                                           torch.tensor([9]), 1, 0.25)
 
 
 def test_decode_attention_refuses_rows_outside_the_cache() -> None:
