@@ -66,6 +66,7 @@ class SlotCache:
 
     def write(self, layer: int, plan: BatchPlan, k: Tensor, v: Tensor) -> None:
         """Store k, v [N, n_kv, hd] of the plan's N tokens at their slots and positions."""
+        k, v = k.to(self.dtype), v.to(self.dtype)  # rounded once, here, when the cache is float16
         if len(plan.chunks) == 1:  # one sequence (a stream's decode step, a prompt chunk): a plain slice
             c = plan.chunks[0]
             self.k[layer, c.slot, :, c.start : c.end] = k.transpose(0, 1)  # [n_kv, N, hd]

@@ -94,7 +94,8 @@ def load_model(
 ) -> LoadedModel:
     """Load and check a GGUF model; every problem is a ModelFileError naming the file.
 
-    `weights` is the format setting (see `inference.weight_choice`); default `ROUNDTRIP_WEIGHTS`, else auto.
+    `weights` is the format setting (see `inference.weight_choice`); default `ROUNDTRIP_WEIGHTS`, else auto. The KV
+    cache's precision comes from `ROUNDTRIP_KV_CACHE` (auto, float32 or float16; see `Transformer.cache_dtype`).
     """
     started = time.perf_counter()
     path = os.path.abspath(path or default_model_path())
@@ -113,6 +114,7 @@ def load_model(
     target = pick_device(device)
     setting = weights if weights is not None else os.environ.get("ROUNDTRIP_WEIGHTS", "auto")
     try:
+        kv_cache_dtype = kv_cache_setting(os.environ.get("ROUNDTRIP_KV_CACHE", "auto"))
         if target.type == "cpu":
             cpu_kernels.load(weights_cache.cache_dir(), lambda note: report(LoadProgress("kernels", 0, 1, note)))
             cpu_kernels.activation_parts()  # a mistyped setting fails here, by name
@@ -150,7 +152,7 @@ def load_model(
     )
     report(LoadProgress("building", 1, 2, "transformer"))
     stream = plan.compute_dtype if target.type == "cuda" else torch.float32
-    model = Transformer(config, model_weights, stream).to(target).eval().requires_grad_(False)
+    model = Transformer(config, model_weights, stream, kv_cache_dtype).to(target).eval().requires_grad_(False)
     if kernels:
         _attach_kernels(model, kernels, plan.gemm_above)
     return_free_memory()
@@ -167,6 +169,16 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         from_cache=state is not None,
     )
+
+
+KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16}
+
+
+def kv_cache_setting(setting: str) -> torch.dtype | None:
+    """The KV cache's dtype for a `ROUNDTRIP_KV_CACHE` value (None: the model chooses); ValueError naming the choices."""
+    if setting not in KV_CACHE_DTYPES:
+        raise ValueError(f"ROUNDTRIP_KV_CACHE={setting!r}: use {', '.join(KV_CACHE_DTYPES)}")
+    return KV_CACHE_DTYPES[setting]
 
 
 def _attach_kernels(model: Transformer, kernels: weight_choice.Kernels, above: int) -> None:

@@ -122,7 +122,7 @@ class Block(nn.Module):
         cache.write(layer, plan, k, v)
         for token, probe in probes.items():
             keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, int(plan.token_positions[token]) + 1)
-            probe.on_attention(layer, q[token], keys[0])
+            probe.on_attention(layer, q[token], keys[0].to(q.dtype))
         out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
         if plan.decode is not None:
             _attend_decode_rows(q, cache, layer, plan.decode, out)
@@ -151,6 +151,7 @@ def _attend_decode_rows(q: Tensor, cache: SlotCache, layer: int, rows: DecodeRow
 def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:
     """One attention call for a group of the plan; writes its queries' outputs into `out` [N, H, hd]."""
     keys, values = cache.view(layer, g.lo, g.hi, g.kv_len)  # [b, KV, S, hd]
+    keys, values = keys.to(q.dtype), values.to(q.dtype)  # a float16 cache is read in the queries' float32
     b, t = g.q_index.shape
     n_kv, hd = keys.shape[1], keys.shape[3]
     qg = q[: b * t].view(b, t, *q.shape[1:]) if g.in_order else q[g.q_index]  # [b, t, H, hd]
@@ -178,10 +179,12 @@ class Transformer(nn.Module):
 
     output_norm: Tensor
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, stream_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, stream_dtype: torch.dtype = torch.float32,
+                 kv_cache_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
         self.stream_dtype = stream_dtype
+        self.kv_cache_dtype = kv_cache_dtype  # None: chosen by `cache_dtype`
         self.weights_plan = weights.plan
         self.weights_bytes = weights.nbytes
         self.token_embd = weights.token_embd  # [V, dim], looked up by rows
@@ -193,15 +196,28 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The residual stream's (and the KV cache's) dtype."""
+        """The residual stream's dtype."""
         return self.stream_dtype
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache's: as set (`ROUNDTRIP_KV_CACHE`), else float16 where the decode kernel reads it, as llama.cpp
+        keeps its cache by default.
+
+        A decode step reads every running sequence's whole cache in every layer; on 2 CPU cores, at 8 sequences of 150
+        positions, that read (float32) was a quarter of the step. Keys and values are rounded once, when stored, and every
+        attention reads them back from the cache, so a token's result does not depend on how it was batched or chunked.
+        Elsewhere (a GPU in bfloat16, torch's own attention) the cache keeps the stream's dtype."""
+        if self.kv_cache_dtype is not None:
+            return self.kv_cache_dtype
+        return torch.float16 if self.decode_kernel else self.stream_dtype
 
     @property
     def device(self) -> torch.device:
         return self.output_norm.device
 
     def new_cache(self, slots: int, capacity: int) -> SlotCache:
-        return SlotCache(self.config, self.device, self.dtype, slots, min(capacity, self.config.context_length))
+        return SlotCache(self.config, self.device, self.cache_dtype, slots, min(capacity, self.config.context_length))
 
     def forward(
         self,

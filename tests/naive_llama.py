@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from inference.config import ModelConfig
 from inference.gguf_file import GGUFFile
@@ -37,9 +38,15 @@ def _rope(vec: np.ndarray, position: int, base: float) -> np.ndarray:
     return out
 
 
-def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """Logits [T, V] for every position of `ids`, each position computed from scratch over its prefix."""
-    return naive_forward(config, weights, ids)[0]
+def kv_rounding(loaded: LoadedModel) -> type[np.floating] | None:
+    """The precision the model's KV cache stores keys and values in, when it is less than float32's."""
+    return np.float16 if loaded.model.cache_dtype == torch.float16 else None
+
+
+def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], kv_dtype: type[np.floating] | None = None) -> np.ndarray:
+    """Logits [T, V] for every position of `ids`, each position computed from scratch over its prefix; keys (after
+    RoPE) and values rounded to `kv_dtype` as a cache of that precision stores them."""
+    return naive_forward(config, weights, ids, kv_dtype=kv_dtype)[0]
 
 
 @dataclass
@@ -55,13 +62,18 @@ class NaiveLayer:
 
 
 def naive_forward(
-    config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], layers: list[NaiveLayer] | None = None
+    config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], layers: list[NaiveLayer] | None = None,
+    kv_dtype: type[np.floating] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(logits [T, V], the last token's attention probabilities [layers, heads, T]); `layers`, when given, receives
     the last token's `NaiveLayer` for every layer."""
     w = {k: v.astype(np.float64) for k, v in weights.items()}
     hd, group = config.head_dim, config.n_heads // config.n_kv_heads
     out_w = w.get("output.weight", w["token_embd.weight"])
+
+    def stored(x: np.ndarray) -> np.ndarray:
+        return x if kv_dtype is None else x.astype(kv_dtype).astype(np.float64)
+
     logits = []
     last_attention = np.zeros((config.n_layers, config.n_heads, len(ids)))
     for t in range(len(ids)):
@@ -79,13 +91,13 @@ def naive_forward(
                     kv = h // group
                     q = _rope(qs[pos][h * hd : (h + 1) * hd], pos, config.rope_base)
                     scores = np.array(
-                        [q @ _rope(ks[s][kv * hd : (kv + 1) * hd], s, config.rope_base) / np.sqrt(hd) for s in range(pos + 1)]
+                        [q @ stored(_rope(ks[s][kv * hd : (kv + 1) * hd], s, config.rope_base)) / np.sqrt(hd) for s in range(pos + 1)]
                     )
                     probs = np.exp(scores - scores.max())
                     probs /= probs.sum()
                     if t == len(ids) - 1 and pos == t:
                         last_attention[layer, h] = probs
-                    heads.append(sum(probs[s] * vs[s][kv * hd : (kv + 1) * hd] for s in range(pos + 1)))
+                    heads.append(sum(probs[s] * stored(vs[s][kv * hd : (kv + 1) * hd]) for s in range(pos + 1)))
                 h1 = x + w[p + "attn_output.weight"] @ np.concatenate(heads)
                 f = _rms_norm(h1, w[p + "ffn_norm.weight"], config.norm_eps)
                 gate = w[p + "ffn_gate.weight"] @ f

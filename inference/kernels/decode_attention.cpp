@@ -3,13 +3,15 @@
 // Why: torch's CPU SDPA takes a batch of decode rows as one padded tensor with a mask, reads every row's
 // keys up to the longest row's length, and is tuned for long query blocks: 52 us per layer for 8 rows of
 // 150 positions on 2 threads, against 28 us here. Each (row, key/value head) is one task: scores of the
-// head's query group against the row's own keys, a softmax, and the weighted sum of values, all in float32.
+// head's query group against the row's own keys, a softmax, and the weighted sum of values, computed in float32.
+// The cache may hold float32 or float16 (`simd::Half`): a decode step reads every row's whole cache in every layer,
+// and at 8 rows of 150 positions that read was a quarter of the step; half the bytes, half the read.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
-#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -22,8 +24,8 @@ namespace {
 // Scores are computed four keys at a time: four independent chains of multiply-adds and one shared reduction (sum4),
 // instead of a chain and a full horizontal sum per key, which left the CPU waiting on latencies (about 100 cycles per
 // key on a Zen 3 core, now about a quarter of that).
-template <int V>
-void attend(const float* q, const float* keys, const float* values, int64_t length, int64_t group, float scale, float* out,
+template <typename T, int V>
+void attend(const float* q, const T* keys, const T* values, int64_t length, int64_t group, float scale, float* out,
             std::vector<float>& scores) {
   using namespace simd;
   constexpr int64_t hd = kWidth * V;
@@ -31,7 +33,7 @@ void attend(const float* q, const float* keys, const float* values, int64_t leng
   const __m128 scales = _mm_set1_ps(scale);
   int64_t t = 0;
   for (; t + 4 <= length; t += 4) {
-    const float* k = keys + t * hd;
+    const T* k = keys + t * hd;
     for (int64_t j = 0; j < group; ++j) {
       Float d0 = zero(), d1 = zero(), d2 = zero(), d3 = zero();
       for (int c = 0; c < V; ++c) {
@@ -80,25 +82,38 @@ void attend(const float* q, const float* keys, const float* values, int64_t leng
   }
 }
 
-using AttendFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, float, float*, std::vector<float>&);
+template <typename T>
+using AttendFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, float, float*, std::vector<float>&);
 
-AttendFn attend_for(int64_t hd) {
+template <typename T>
+AttendFn<T> attend_for(int64_t hd) {
   switch (hd) {
-    case 32: return attend<32 / simd::kWidth>;
-    case 64: return attend<64 / simd::kWidth>;
-    case 128: return attend<128 / simd::kWidth>;
-    case 256: return attend<256 / simd::kWidth>;
+    case 32: return attend<T, 32 / simd::kWidth>;
+    case 64: return attend<T, 64 / simd::kWidth>;
+    case 128: return attend<T, 128 / simd::kWidth>;
+    case 256: return attend<T, 256 / simd::kWidth>;
     default: return nullptr;
   }
 }
 
+// The cache's elements as the kernels read and write them: float, or float16 bits.
+template <typename T>
+T* cache_data(const at::Tensor& t) {
+  if constexpr (std::is_same_v<T, float>) {
+    return t.data_ptr<float>();
+  } else {
+    return reinterpret_cast<T*>(t.data_ptr<at::Half>());
+  }
+}
+
 // Every row's heads against its own slot's first lengths[i] positions: q [n, H, hd] at qp, out [n, H, hd] at op.
-void attend_rows(const float* qp, const at::Tensor& keys, const at::Tensor& values, const int64_t* sp, const int64_t* lp, int64_t n,
+template <typename T>
+void attend_rows_as(const float* qp, const at::Tensor& keys, const at::Tensor& values, const int64_t* sp, const int64_t* lp, int64_t n,
                  int64_t heads, float scale, float* op) {
   const int64_t kv_heads = keys.size(1), capacity = keys.size(2), hd = keys.size(3), group = heads / kv_heads;
-  const AttendFn attend_row = attend_for(hd);
-  const float* kp = keys.data_ptr<float>();
-  const float* vp = values.data_ptr<float>();
+  const AttendFn<T> attend_row = attend_for<T>(hd);
+  const T* kp = cache_data<T>(keys);
+  const T* vp = cache_data<T>(values);
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
@@ -109,11 +124,21 @@ void attend_rows(const float* qp, const at::Tensor& keys, const at::Tensor& valu
   });
 }
 
+void attend_rows(const float* qp, const at::Tensor& keys, const at::Tensor& values, const int64_t* sp, const int64_t* lp, int64_t n,
+                 int64_t heads, float scale, float* op) {
+  if (keys.scalar_type() == at::kHalf) {
+    attend_rows_as<simd::Half>(qp, keys, values, sp, lp, n, heads, scale, op);
+  } else {
+    attend_rows_as<float>(qp, keys, values, sp, lp, n, heads, scale, op);
+  }
+}
+
 void check_cache(const at::Tensor& keys, const at::Tensor& values, int64_t heads, int64_t hd) {
-  TORCH_CHECK(keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat, "decode_attention: float32 only");
+  TORCH_CHECK((keys.scalar_type() == at::kFloat || keys.scalar_type() == at::kHalf) && values.scalar_type() == keys.scalar_type(),
+              "decode_attention: the cache must be float32 or float16, keys and values alike");
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() && keys.dim() == 4,
               "decode_attention: keys and values must be contiguous [slots, KV, capacity, hd]");
-  TORCH_CHECK(keys.size(3) == hd && attend_for(hd) != nullptr, "decode_attention: head_dim must be 32, 64, 128 or 256");
+  TORCH_CHECK(keys.size(3) == hd && attend_for<float>(hd) != nullptr, "decode_attention: head_dim must be 32, 64, 128 or 256");
   TORCH_CHECK(keys.size(1) > 0 && heads % keys.size(1) == 0, "decode_attention: query heads must be a multiple of key/value heads");
 }
 
@@ -145,15 +170,46 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& keys, cons
 // the rest copied; 2 R is a multiple of the vector width. Each result is one rounding of two rounded products, as in
 // torch's complex multiply (the library is built without contracting products into fused multiply-adds, and written
 // with intrinsics so that the compiler does not recognize a complex multiply), so a key stored here has the same bits
-// as one rotated by `inference.model.apply_rope`.
-void rotate(const float* x, const float* rotation, int64_t R, int64_t hd, float* out) {
+// as one rotated by `inference.model.apply_rope` (and, into a float16 cache, rounded as `Tensor.to(float16)` rounds).
+template <typename T>
+void rotate(const float* x, const float* rotation, int64_t R, int64_t hd, T* out) {
   using namespace simd;
   for (int64_t d = 0; d < 2 * R; d += kWidth) {
     const Float v = load(x + d), r = load(rotation + d);
     const Float ac_bs = mul(v, r), as_bc = mul(v, swap_pairs(r));  // per pair: (a c, b s) and (a s, b c)
     store(out + d, odd_from(sub(ac_bs, swap_pairs(ac_bs)), add(as_bc, swap_pairs(as_bc))));  // (a c - b s, b c + a s)
   }
-  for (int64_t d = 2 * R; d < hd; ++d) out[d] = x[d];
+  for (int64_t d = 2 * R; d < hd; d += kWidth) store(out + d, load(x + d));
+}
+
+// hd floats into the cache's type (hd is a multiple of the vector width).
+template <typename T>
+void put(const float* x, int64_t hd, T* out) {
+  for (int64_t d = 0; d < hd; d += simd::kWidth) simd::store(out + d, simd::load(x + d));
+}
+
+// Rotate every row's queries into q; rotate and store its keys, and store its values, in the cache.
+template <typename T>
+void rotate_and_store(const at::Tensor& qkv, const at::Tensor& rotations, const at::Tensor& keys, const at::Tensor& values, const int64_t* sp,
+                      const int64_t* lp, int64_t heads, at::Tensor& q) {
+  const int64_t n = qkv.size(0), kv_heads = keys.size(1), capacity = keys.size(2), hd = keys.size(3), R = rotations.size(1);
+  const int64_t width = (heads + 2 * kv_heads) * hd;
+  const float* xp = qkv.data_ptr<float>();
+  const float* rp = rotations.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  T* kp = cache_data<T>(keys);
+  T* vp = cache_data<T>(values);
+  at::parallel_for(0, n, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* row = xp + i * width;
+      for (int64_t h = 0; h < heads; ++h) rotate(row + h * hd, rp + i * 2 * R, R, hd, qp + (i * heads + h) * hd);
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t at = ((sp[i] * kv_heads + h) * capacity + lp[i] - 1) * hd;
+        rotate(row + (heads + h) * hd, rp + i * 2 * R, R, hd, kp + at);
+        put(row + (heads + kv_heads + h) * hd, hd, vp + at);
+      }
+    }
+  });
 }
 
 // A decode step's attention from the projection's output to the output projection's input, in one call instead of a
@@ -181,25 +237,13 @@ at::Tensor roped_decode_attention(const at::Tensor& qkv_in, const at::Tensor& ro
   const int64_t* lp = lengths.data_ptr<int64_t>();
   check_rows(keys, sp, lp, n);
   at::Tensor q = at::empty({n, heads, hd}, qkv.options());
-  const float* xp = qkv.data_ptr<float>();
-  const float* rp = rotations.data_ptr<float>();
-  float* qp = q.data_ptr<float>();
-  float* kp = keys.data_ptr<float>();
-  float* vp = values.data_ptr<float>();
-  const int64_t capacity = keys.size(2), width = (heads + 2 * kv_heads) * hd;
-  at::parallel_for(0, n, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* row = xp + i * width;
-      for (int64_t h = 0; h < heads; ++h) rotate(row + h * hd, rp + i * 2 * R, R, hd, qp + (i * heads + h) * hd);
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        const int64_t at = ((sp[i] * kv_heads + h) * capacity + lp[i] - 1) * hd;
-        rotate(row + (heads + h) * hd, rp + i * 2 * R, R, hd, kp + at);
-        std::memcpy(vp + at, row + (heads + kv_heads + h) * hd, sizeof(float) * hd);
-      }
-    }
-  });
+  if (keys.scalar_type() == at::kHalf) {
+    rotate_and_store<simd::Half>(qkv, rotations, keys, values, sp, lp, heads, q);
+  } else {
+    rotate_and_store<float>(qkv, rotations, keys, values, sp, lp, heads, q);
+  }
   at::Tensor out = at::empty({n, heads * hd}, qkv.options());
-  attend_rows(qp, keys, values, sp, lp, n, heads, static_cast<float>(scale), out.data_ptr<float>());
+  attend_rows(q.data_ptr<float>(), keys, values, sp, lp, n, heads, static_cast<float>(scale), out.data_ptr<float>());
   return out;
 }
 

@@ -11,6 +11,10 @@
 
 namespace simd {
 
+// IEEE half-precision bits (a KV cache in float16): loaded into float lanes and stored back rounded to nearest even,
+// as torch's own float32 -> float16 conversion rounds, so a value stored here has the bits `Tensor.to(float16)` gives.
+using Half = uint16_t;
+
 #if defined(__AVX512F__)
 
 constexpr int64_t kWidth = 16;
@@ -20,6 +24,8 @@ inline Float zero() { return _mm512_setzero_ps(); }
 inline Float set1(float v) { return _mm512_set1_ps(v); }
 inline Float load(const float* p) { return _mm512_loadu_ps(p); }
 inline void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
+inline Float load(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline void store(Half* p, Float v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
 inline __mmask16 lanes(int64_t n) { return n >= kWidth ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
 // The first min(n, kWidth) floats at p; `fill` in the other lanes.
 inline Float load_first(const float* p, int64_t n, float fill) { return _mm512_mask_loadu_ps(set1(fill), lanes(n), p); }
@@ -57,6 +63,8 @@ inline Float zero() { return _mm256_setzero_ps(); }
 inline Float set1(float v) { return _mm256_set1_ps(v); }
 inline Float load(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
+inline Float load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline void store(Half* p, Float v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
 inline __m256i lanes(int64_t n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n < kWidth ? n : kWidth)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
 inline Float load_first(const float* p, int64_t n, float fill) {
   const __m256i m = lanes(n);

@@ -129,3 +129,15 @@ def test_replacing_the_file_misses_the_cache(write_gguf: Any) -> None:
     assert not reloaded.from_cache
     q_rows = reloaded.config.n_heads * reloaded.config.head_dim
     assert np.array_equal(reloaded.model.blk[0].attn_qkv.weight[:q_rows].numpy(), GGUFFile(path).dequantize("blk.0.attn_q.weight"))
+
+
+def test_it_names_the_kv_cache_choices_for_a_mistyped_setting(monkeypatch: pytest.MonkeyPatch, write_gguf: Any) -> None:
+    monkeypatch.setenv("ROUNDTRIP_KV_CACHE", "fp8")
+    with pytest.raises(ModelFileError, match=r"ROUNDTRIP_KV_CACHE='fp8': use auto, float32, float16"):
+        load_model(str(write_gguf()), device="cpu", use_cache=False)
+
+
+def test_the_kv_cache_setting_sets_the_caches_dtype(monkeypatch: pytest.MonkeyPatch, write_gguf: Any) -> None:
+    monkeypatch.setenv("ROUNDTRIP_KV_CACHE", "float16")
+    loaded = load_model(str(write_gguf()), device="cpu", use_cache=False)
+    assert loaded.model.new_cache(1, 4).k.dtype == torch.float16

@@ -114,19 +114,19 @@ def test_every_level_gives_the_same_answer(tiny_pipeline: ChatPipeline, level: T
 
 
 def test_full_level_attention_matches_a_plain_recomputation(tiny_pipeline: ChatPipeline) -> None:
-    from naive_llama import file_weights, naive_forward
+    from naive_llama import file_weights, kv_rounding, naive_forward
 
     loaded = tiny_pipeline.loaded
     request = tiny_pipeline.prepare(MESSAGES, SamplingParams(temperature=0.0, max_tokens=1))
     prefill = next(e for e in tiny_pipeline.stream(request, TraceLevel.FULL) if isinstance(e, ForwardStep))
-    _, attention = naive_forward(loaded.config, file_weights(loaded), request.prompt.ids)
+    _, attention = naive_forward(loaded.config, file_weights(loaded), request.prompt.ids, kv_dtype=kv_rounding(loaded))
     assert prefill.detail is not None
     assert np.allclose(prefill.detail.attention.astype(np.float32), attention, atol=2e-3)
 
 
 def test_full_level_feed_forward_half_matches_a_plain_recomputation(tiny_pipeline: ChatPipeline) -> None:
     """Each half's update, the top SwiGLU neurons and the logit lens after each half, against float64 numpy."""
-    from naive_llama import NaiveLayer, _rms_norm, file_weights, naive_forward
+    from naive_llama import NaiveLayer, _rms_norm, file_weights, kv_rounding, naive_forward
 
     loaded = tiny_pipeline.loaded
     config = loaded.config
@@ -134,7 +134,7 @@ def test_full_level_feed_forward_half_matches_a_plain_recomputation(tiny_pipelin
     prefill = next(e for e in tiny_pipeline.stream(request, TraceLevel.FULL) if isinstance(e, ForwardStep))
     weights = file_weights(loaded)
     layers: list[NaiveLayer] = []
-    naive_forward(config, weights, request.prompt.ids, layers)
+    naive_forward(config, weights, request.prompt.ids, layers, kv_rounding(loaded))
     detail = prefill.detail
     assert detail is not None and len(layers) == config.n_layers
     assert np.allclose(detail.attention_update_norms, [np.linalg.norm(n.middle - n.entering) for n in layers], rtol=1e-4)

@@ -20,7 +20,7 @@ from inference.batch import Chunk
 from inference.gguf_file import GGUFFile
 from inference.loader import LoadedModel, load_model
 from inference.weights import Head, Int4, Int4Q8, Int8Rows, Q4Blocks, WeightFormat
-from naive_llama import file_weights, naive_logits
+from naive_llama import file_weights, kv_rounding, naive_logits
 from tiny_gguf import TinySpec, write_tiny_gguf
 
 TOLERANCE = {"fp32": 1e-5, "bf16": 0.02, "int8": 0.04, "int4": 0.04}
@@ -45,7 +45,7 @@ def _every_logit(loaded: LoadedModel, ids: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("weights", list(TOLERANCE))
 def test_each_format_matches_the_plain_recomputation_within_its_tolerance(q4_path: Path, weights: str) -> None:
     loaded = _load(q4_path, weights)
-    expected = naive_logits(loaded.config, file_weights(loaded), IDS)
+    expected = naive_logits(loaded.config, file_weights(loaded), IDS, kv_rounding(loaded))
     got = _every_logit(loaded, IDS)
     assert np.abs(got - expected).max() <= TOLERANCE[weights] * np.abs(expected).max()
     assert (got.argmax(-1) == expected.argmax(-1)).all()
