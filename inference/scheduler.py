@@ -115,6 +115,8 @@ class Scheduler:
         self.running: list[SequenceState] = []  # running[i] holds cache slot i
         self._aborted: set[str] = set()
         self._known: dict[str, SequenceState] = {}
+        self._leaving: list[tuple[SequenceState, bool]] = []  # finished in the last step; released by `finish_step`
+        self._sharing: list[SequenceState] = []  # whose prompt the last step completed; shared by `finish_step`
         self.steps = 0
         self.last_batch: BatchStep | None = None  # the latest forward, for metrics
 
@@ -155,16 +157,17 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         """Whether `step` would do anything (so an idle engine thread can sleep instead of spinning)."""
-        if self._aborted or any(not s.paused for s in self.running):
+        if self._aborted or self._leaving or self._sharing or any(not s.paused for s in self.running):
             return True
         return bool(self.waiting) and self._admissible(1) > 0
 
     def stats(self) -> SchedulerStats:
+        running = len(self.running) - len(self._leaving)
         return SchedulerStats(
-            running=len(self.running),
+            running=running,
             waiting=len(self.waiting),
             paused=sum(s.paused for s in self.running),
-            kv_bytes=self._bytes(len(self.running), self.cache.capacity),
+            kv_bytes=self._bytes(running, self.cache.capacity),
             kv_budget_bytes=self.config.kv_budget_bytes,
             prefix_cache_bytes=self.prefix_cache.nbytes,
             prefix_queried_tokens=self.prefix_cache.queried_tokens,
@@ -174,7 +177,13 @@ class Scheduler:
 
     @torch.inference_mode()
     def step(self) -> list[SequenceOutput]:
-        """Drop aborted sequences, admit waiting ones, run one batched forward and sample every row."""
+        """Drop aborted sequences, admit waiting ones, run one batched forward and sample every row.
+
+        The step's bookkeeping (finished sequences' prefixes into the prefix cache, their slots to the others, a
+        completed prompt shared) is left to `finish_step`, which the caller runs once the outputs are on their way:
+        when a batch of streams finishes together it costs several ms, and their last tokens need not wait for it.
+        A caller that does not run it has it run at the start of the next step."""
+        self.finish_step()
         outputs = self._drop_aborted()
         outputs += self._admit()
         rows = [s for s in self.running if not s.paused]
@@ -232,16 +241,30 @@ class Scheduler:
                 output.done = True
                 leaving.append(state)
             elif samples[i] and len(state.generated) == 1:  # its prompt is all in: share it with later requests
-                self.prefix_cache.insert(state.prompt_ids, self.cache, state.slot or 0, len(state.prompt_ids))
+                self._sharing.append(state)
             outputs.append(output)
-        for state in leaving:
-            self._release(state, keep=state.finish_reason is not None)
-        self._shrink()
+        self._leaving += [(state, state.finish_reason is not None) for state in leaving]
         return outputs
+
+    @torch.inference_mode()
+    def finish_step(self) -> None:
+        """The last step's bookkeeping: share the prompts it completed, release the sequences that left (keeping a
+        finished one's tokens in the prefix cache) and give spare memory back."""
+        for state in self._sharing:
+            if state.slot is not None:
+                self.prefix_cache.insert(state.prompt_ids, self.cache, state.slot, len(state.prompt_ids))
+        self._sharing.clear()
+        for state, keep in self._leaving:
+            self._release(state, keep)
+        self._leaving.clear()
+        self._shrink()
 
     def drop_all(self) -> list[str]:
         """Forget every sequence (after a forward that failed for all of them); their ids."""
-        dropped = [s.request_id for s in self.running] + [s.request_id for s in self.waiting]
+        leaving = {s.request_id for s, _ in self._leaving}
+        dropped = [s.request_id for s in self.running if s.request_id not in leaving] + [s.request_id for s in self.waiting]
+        self._leaving.clear()
+        self._sharing.clear()
         self.running.clear()
         self.waiting.clear()
         self._known.clear()

@@ -41,6 +41,7 @@ def _run(scheduler: Scheduler, requests: list[SequenceRequest], max_steps: int =
             outputs[output.request_id].append(output)
             if output.done:
                 done.add(output.request_id)
+        scheduler.finish_step()  # as the engine does, once the outputs are sent
         if done == set(outputs):
             return outputs
     raise AssertionError(f"not finished after {max_steps} steps: {set(outputs) - done}")
@@ -263,6 +264,27 @@ def test_spare_slots_are_kept_while_sequences_run_and_freed_when_idle(tiny_model
         slots.append((len(scheduler.running), scheduler.cache.slots))
     assert (1, 5) in slots  # one sequence left: the burst's slots stay (shrinking would copy it mid-stream)
     assert slots[-1] == (0, 0) and scheduler.cache.nbytes == 0
+
+
+def test_a_finished_sequence_leaves_its_slot_and_fills_the_prefix_cache_after_its_outputs(tiny_model: LoadedModel) -> None:
+    """Releasing a batch of finished streams costs ms (their prefixes are copied into the prefix cache): their last
+    tokens go out first; `finish_step` (or else the next step) does the rest."""
+    scheduler = _scheduler(tiny_model, prefix_block=4)
+    scheduler.add(_request("f", PROMPTS[0], max_tokens=6))  # its answer fills at least one more block of 4
+    while not any(o.done for o in scheduler.step()):
+        pass
+    assert [s.request_id for s in scheduler.running] == ["f"] and scheduler.stats().running == 0 and scheduler.has_work
+    cached = len(scheduler.prefix_cache)
+    scheduler.finish_step()
+    assert scheduler.running == [] and len(scheduler.prefix_cache) > cached and not scheduler.has_work
+
+
+def test_the_next_step_does_the_bookkeeping_a_caller_left(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model, max_batch=1)
+    scheduler.add(_request("first", PROMPTS[0], max_tokens=1))
+    scheduler.add(_request("second", PROMPTS[1], max_tokens=1))
+    assert any(o.request_id == "first" and o.done for o in scheduler.step())
+    assert any(o.request_id == "second" for o in scheduler.step())  # its slot, freed at the start of this step
 
 
 def test_idle_scheduler_has_no_work_and_gives_its_memory_back(tiny_model: LoadedModel) -> None:

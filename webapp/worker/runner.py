@@ -276,6 +276,7 @@ class EngineRunner:
                     self._finish(job, error_reply(request_id, exc))
             return
         self._deliver(model_id, served, outputs)
+        scheduler.finish_step()  # the step's bookkeeping, while the event loop sends its replies
         if self._settle is not None:
             self._settle()
         if scheduler.steps != steps and scheduler.last_batch is not None:  # a forward ran
