@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import logging
 import time
@@ -83,6 +84,11 @@ class Usage:
     def as_openai(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens, "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(model: str, weights: str) -> str:
+    return "fp_" + hashlib.sha256(f"{model}|{weights}".encode()).hexdigest()[:12]
 
 
 class Turn:
@@ -191,11 +197,11 @@ class Turn:
     @property
     def fingerprint(self) -> str | None:
         """OpenAI's system_fingerprint: which model file in which weight format answered; a seed reproduces a
-        result only under the same fingerprint."""
+        result only under the same fingerprint. (Every streamed chunk carries it: hashed once per turn.)"""
         if self.generation is None or self.ctx.route is None:
             return None
         weights = str(self.generation.accepted.get("weights", ""))
-        return "fp_" + hashlib.sha256(f"{self.ctx.route.id}|{weights}".encode()).hexdigest()[:12]
+        return _fingerprint(self.ctx.route.id, weights)
 
     async def settle(self) -> UsageRecord:
         """Stage 5, exactly once: stop what still runs, write the usage row, tell the observers."""
