@@ -49,6 +49,16 @@ def test_it_rejects_unknown_key() -> None:
         ApiKey.authenticate("rt-not-a-key")
 
 
+def test_it_records_use_at_most_once_a_minute() -> None:
+    key, raw = ApiKey.create_key("ci")
+    start = timezone.now()
+    ApiKey.authenticate(raw).touch(start)
+    ApiKey.authenticate(raw).touch(start + timedelta(seconds=30))
+    assert ApiKey.objects.get(pk=key.pk).last_used_at == start
+    ApiKey.authenticate(raw).touch(start + timedelta(seconds=61))
+    assert ApiKey.objects.get(pk=key.pk).last_used_at == start + timedelta(seconds=61)
+
+
 def test_the_command_prints_the_key_once() -> None:
     out, err = StringIO(), StringIO()
     call_command("createapikey", "script", "--rpm", "5", "--models", "tiny", stdout=out, stderr=err)
