@@ -150,3 +150,23 @@ def test_step_mode_pauses_after_each_token_until_next(runner: tuple[EngineRunner
         assert got[-1]["event"]["step"] == step
         time.sleep(0.2)
         assert replies.inbox.empty()
+
+
+def test_a_step_whose_bookkeeping_fails_ends_its_requests_in_errors_and_the_engine_goes_on(runner: tuple[EngineRunner, Replies]) -> None:
+    engine, replies = runner
+    scheduler = engine.models["tiny"].scheduler
+    finish_step = scheduler.finish_step
+    failed: list[bool] = []
+
+    def failing_once() -> None:
+        if scheduler.running and not failed:
+            failed.append(True)
+            raise MemoryError("no room to copy the cache")
+        finish_step()
+
+    scheduler.finish_step = failing_once  # type: ignore[method-assign]
+    engine.submit("tiny", _generate("doomed", max_tokens=200))
+    error = replies.until("reply.doomed", _finished)[-1]
+    assert error["type"] == "error" and failed
+    engine.submit("tiny", _generate("after"))
+    assert replies.until("reply.after", _finished)[-1]["type"] == "event"

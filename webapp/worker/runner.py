@@ -268,20 +268,27 @@ class EngineRunner:
             outputs = scheduler.step()
             stepped = time.perf_counter() - started  # the engine's own work: forward, sampling, bookkeeping
         except Exception as exc:  # the batched forward itself failed: every request in it fails, the worker goes on
-            log.exception("a step of %s failed", model_id)
-            for request_id in scheduler.drop_all():
-                job = self._jobs.get(request_id)
-                if job is not None:
-                    metrics.request_success.labels(model_id, "error").inc()
-                    self._finish(job, error_reply(request_id, exc))
+            self._fail_all(model_id, scheduler, exc)
             return
         self._deliver(model_id, served, outputs)
-        scheduler.finish_step()  # the step's bookkeeping, while the event loop sends its replies
+        try:
+            scheduler.finish_step()  # the step's bookkeeping, while the event loop sends its replies
+        except Exception as exc:  # the cache is in doubt: as for a failed forward
+            self._fail_all(model_id, scheduler, exc)
         if self._settle is not None:
             self._settle()
         if scheduler.steps != steps and scheduler.last_batch is not None:  # a forward ran
             metrics.step_seconds.labels(model_id).observe(stepped)
             metrics.batch_size.labels(model_id).observe(scheduler.last_batch.batch_size)
+
+    def _fail_all(self, model_id: str, scheduler: Scheduler, exc: Exception) -> None:
+        """A step (or its bookkeeping) failed for the whole batch: every request the scheduler holds ends in an error."""
+        log.exception("a step of %s failed", model_id, exc_info=exc)
+        for request_id in scheduler.drop_all():
+            job = self._jobs.get(request_id)
+            if job is not None:
+                metrics.request_success.labels(model_id, "error").inc()
+                self._finish(job, error_reply(request_id, exc))
 
     def _handle_commands(self, block: bool) -> None:
         """Run every queued command; when idle, wait (up to a second, to check step-mode timeouts) for the first."""
