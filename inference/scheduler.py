@@ -32,6 +32,7 @@ from inference.prefix_cache import PrefixCache
 from inference.probe import LayerProbe, PromptMatrixProbe, lens_layers
 from inference.sampling import Sample, Sampler, summarize
 from inference.sequence import DETAIL_TOP_N, Phase, SequenceRequest, SequenceState
+from inference.step_cost import StepCost
 from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
 
 GIB = 1024**3
@@ -44,11 +45,13 @@ class SchedulerConfig:
     max_waiting: int = 64  # requests queued while every slot is taken; beyond that `add` refuses
     kv_budget_bytes: int = 2 * GIB  # the running sequences' KV cache may not grow past this
     prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
-    prefill_chunk_decoding: int = 4  # ...and at most this many per newcomer while other sequences decode: a step costs
-    # about its row count, so a few prompt tokens keep every stream's gap between tokens near a decode step's, while a
-    # crowd of newcomers (each taking its few) is still prefilled in a dozen steps
+    prefill_chunk_decoding: int = 1  # ...and at least this many per newcomer while other sequences decode, so that a
+    # crowd of newcomers all make progress
+    decode_gap_stretch: float | None = 1.75  # ...and beyond that, while other sequences decode, only as many prompt tokens
+    # as keep the step within this many one-row decode steps (by the measured cost of a row, `inference.step_cost`):
+    # a step costs about its row count, and its time is every decoding stream's gap between two tokens. None: no more.
     prefix_cache_bytes: int = GIB // 8  # 0 turns the prefix cache off
-    prefix_block: int = 32  # tokens per prefix-cache block
+    prefix_block: int = 16  # tokens per prefix-cache block (vLLM's default): a short system prompt fills one
 
 
 class QueueFullError(InferenceError):
@@ -117,6 +120,7 @@ class Scheduler:
         self._known: dict[str, SequenceState] = {}
         self._leaving: list[tuple[SequenceState, bool]] = []  # finished in the last step; released by `finish_step`
         self._sharing: list[SequenceState] = []  # whose prompt the last step completed; shared by `finish_step`
+        self.step_cost = StepCost()
         self.steps = 0
         self.last_batch: BatchStep | None = None  # the latest forward, for metrics
 
@@ -189,15 +193,9 @@ class Scheduler:
         rows = [s for s in self.running if not s.paused]
         if not rows:
             return outputs
-        decoding = any(s.phase == Phase.DECODE for s in rows)
-        each = self.config.prefill_chunk_decoding if decoding else self.config.prefill_chunk
-        budget = self.config.prefill_chunk
-        fed: list[list[int]] = []
-        for state in rows:
-            tokens = state.next_tokens(min(each, budget))
-            if state.phase == Phase.PREFILL:
-                budget -= len(tokens)
-            fed.append(tokens)
+        newcomers = [s for s in rows if s.phase == Phase.PREFILL]
+        shares = iter(self._prompt_shares([len(s.prompt_ids) - s.computed for s in newcomers], len(rows) - len(newcomers)))
+        fed = [state.next_tokens(next(shares) if state.phase == Phase.PREFILL else 1) for state in rows]
         scheduled = [(s, t) for s, t in zip(rows, fed) if t]
         chunks = [Chunk(s.slot or 0, s.computed, len(t)) for s, t in scheduled]
         samples = [s.phase == Phase.DECODE or s.computed + len(t) == len(s.prompt_ids) for s, t in scheduled]
@@ -215,6 +213,7 @@ class Scheduler:
         logits = self.model(token_ids, plan, self.cache, probes, torch.tensor(sampled_tokens, device=self.device, dtype=torch.long))
         logits = logits.cpu()  # also waits for the device: honest step clocks
         ended = time.perf_counter()
+        self.step_cost.observe(len(token_ids), ended - started)
         self.steps += 1
         batch = BatchStep(ended, self.steps, len(scheduled), prefill_tokens, len(scheduled) - prefilling, ended - started,
                           [s.request_id for s, _ in scheduled])
@@ -312,6 +311,31 @@ class Scheduler:
         return self.model(torch.tensor(list(ids), device=self.device), plan, cache, dict(probes))[0].float().cpu()
 
     # --- admission and slots -----------------------------------------------------------------
+
+    def _prompt_shares(self, needs: list[int], decoding: int) -> list[int]:
+        """Prompt tokens for each newcomer this step (`needs`: what each has left, in arrival order) beside `decoding`
+        decode rows. Alone, newcomers share `prefill_chunk`, first come first served. Beside decoding streams each
+        gets `prefill_chunk_decoding`, and the earliest more, as far as the step stays within `decode_gap_stretch`
+        one-row steps: their prompt then lengthens the others' gaps between tokens by a bounded amount however long it
+        is, and the first of them reaches its first token soonest."""
+        chunk = self.config.prefill_chunk
+        least = self.config.prefill_chunk_decoding if decoding else chunk
+        budget = chunk if not decoding else min(chunk, max(least * len(needs), self._rows_beside(decoding)))
+        shares = []
+        for i, need in enumerate(needs):
+            later = least * (len(needs) - i - 1)  # what the newcomers behind this one are owed
+            share = min(need, max(min(least, budget), budget - later))
+            shares.append(share)
+            budget -= share
+        return shares
+
+    def _rows_beside(self, decoding: int) -> int:
+        """Prompt tokens a step may carry beside `decoding` decode rows within `decode_gap_stretch` one-row steps;
+        0 until the step cost is measured."""
+        one_row = self.step_cost.seconds(1)
+        if self.config.decode_gap_stretch is None or one_row is None:
+            return 0
+        return max(0, (self.step_cost.rows_within(self.config.decode_gap_stretch * one_row) or 0) - decoding)
 
     def _bytes(self, slots: int, capacity: int) -> int:
         return slots * capacity * self.cache.bytes_per_position

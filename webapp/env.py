@@ -56,6 +56,22 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not an integer") from None
 
 
+def env_float_or_off(name: str, default: float | None, minimum: float) -> float | None:
+    """A number of at least `minimum`, or `off` (None): a bound an operator may lift."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.strip().lower() == "off":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not a number (or off)") from None
+    if not value >= minimum:  # also refuses nan
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r} must be at least {minimum} (or off)")
+    return value
+
+
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_bytes, env_int, env_json, env_list, env_str, persisted_secret
+from webapp.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_bytes, env_float_or_off, env_int, env_json, env_list, env_str, persisted_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -150,7 +150,8 @@ ROUNDTRIP_MAX_BATCH = env_int("ROUNDTRIP_MAX_BATCH", 32)
 ROUNDTRIP_MAX_QUEUED = env_int("ROUNDTRIP_MAX_QUEUED", 64)
 ROUNDTRIP_KV_CACHE_BYTES = env_bytes("ROUNDTRIP_KV_CACHE_BYTES", 2 * 1024**3)
 ROUNDTRIP_PREFILL_CHUNK = env_int("ROUNDTRIP_PREFILL_CHUNK", 128)
-ROUNDTRIP_PREFILL_CHUNK_DECODING = env_int("ROUNDTRIP_PREFILL_CHUNK_DECODING", 4)
+ROUNDTRIP_PREFILL_CHUNK_DECODING = env_int("ROUNDTRIP_PREFILL_CHUNK_DECODING", 1)
+ROUNDTRIP_DECODE_GAP_STRETCH = env_float_or_off("ROUNDTRIP_DECODE_GAP_STRETCH", 1.75, minimum=1.0)
 ROUNDTRIP_PREFIX_CACHE_BYTES = env_bytes("ROUNDTRIP_PREFIX_CACHE_BYTES", 128 * 1024**2)
 ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)  # seconds without a word from a worker that still beats
 ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)

@@ -123,6 +123,31 @@ def test_while_others_decode_each_newcomer_gets_its_own_small_chunk(tiny_model: 
     assert fed == {"new0": [4], "new1": [4], "new2": [2]}  # 4 each, until the step's 10 prompt tokens are spent
 
 
+def _prompt_fed(scheduler: Scheduler, newcomers: int) -> dict[str, list[int]]:
+    """Prompt tokens each of `newcomers` 20-token newcomers gets in one step beside one decoding stream."""
+    scheduler.add(_request("running", PROMPTS[0], max_tokens=30))
+    scheduler.step()
+    for i in range(newcomers):
+        scheduler.add(_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2))
+    outputs = {o.request_id: o for o in scheduler.step()}
+    return {rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)] for rid, o in outputs.items() if rid != "running"}
+
+
+def test_beside_decoding_streams_newcomers_get_what_the_measured_step_cost_allows_the_earliest_first(tiny_model: LoadedModel) -> None:
+    """A step of 5 ms plus 1 ms a row: within 1.75 one-row steps (10.5 ms) it carries 5 rows, so beside one decoding
+    stream 4 prompt tokens: the first newcomer takes all but the one its follower is owed."""
+    scheduler = _scheduler(tiny_model, prefill_chunk=64, prefill_chunk_decoding=1, decode_gap_stretch=1.75)
+    for rows in [1, 6, 12] * 100:
+        scheduler.step_cost.observe(rows, 0.005 + 0.001 * rows)
+    assert _prompt_fed(scheduler, 2) == {"new0": [3], "new1": [1]}
+
+
+def test_without_a_measured_step_cost_each_newcomer_gets_its_minimum(tiny_model: LoadedModel) -> None:
+    for stretch in (None, 1.75):  # no bound asked for; a bound but no steps measured yet
+        fed = _prompt_fed(_scheduler(tiny_model, prefill_chunk=64, prefill_chunk_decoding=2, decode_gap_stretch=stretch), 3)
+        assert fed == {"new0": [2], "new1": [2], "new2": [2]}
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_decode_steps(tiny_model: LoadedModel) -> None:
     scheduler = _scheduler(tiny_model, prefill_chunk=64, prefill_chunk_decoding=16)
     scheduler.add(_request("short", PROMPTS[0], TraceLevel.SUMMARY, max_tokens=30))

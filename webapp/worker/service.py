@@ -44,6 +44,7 @@ def scheduler_config() -> SchedulerConfig:
         kv_budget_bytes=settings.ROUNDTRIP_KV_CACHE_BYTES,
         prefill_chunk=settings.ROUNDTRIP_PREFILL_CHUNK,
         prefill_chunk_decoding=settings.ROUNDTRIP_PREFILL_CHUNK_DECODING,
+        decode_gap_stretch=settings.ROUNDTRIP_DECODE_GAP_STRETCH,
         prefix_cache_bytes=settings.ROUNDTRIP_PREFIX_CACHE_BYTES,
     )
 
