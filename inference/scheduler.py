@@ -45,7 +45,7 @@ class SchedulerConfig:
     max_waiting: int = 64  # requests queued while every slot is taken; beyond that `add` refuses
     kv_budget_bytes: int = 2 * GIB  # the running sequences' KV cache may not grow past this
     prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
-    prefill_chunk_decoding: int = 1  # ...and at least this many per newcomer while other sequences decode, so that a
+    prefill_chunk_decoding: int = 4  # ...and at least this many per newcomer while other sequences decode, so that a
     # crowd of newcomers all make progress
     decode_gap_stretch: float | None = 1.75  # ...and beyond that, while other sequences decode, only as many prompt tokens
     # as keep the step within this many one-row decode steps (by the measured cost of a row, `inference.step_cost`):
