@@ -316,8 +316,8 @@ class Scheduler:
         """Prompt tokens for each newcomer this step (`needs`: what each has left, in arrival order) beside `decoding`
         decode rows. Alone, newcomers share `prefill_chunk`, first come first served. Beside decoding streams each
         gets `prefill_chunk_decoding`, and the earliest more, as far as the step stays within `decode_gap_stretch`
-        one-row steps: their prompt then lengthens the others' gaps between tokens by a bounded amount however long it
-        is, and the first of them reaches its first token soonest."""
+        one-row steps: beyond those few tokens each, a long prompt lengthens the others' gaps between tokens only
+        within that bound, and the first newcomer reaches its first token soonest."""
         chunk = self.config.prefill_chunk
         least = self.config.prefill_chunk_decoding if decoding else chunk
         budget = chunk if not decoding else min(chunk, max(least * len(needs), self._rows_beside(decoding)))
