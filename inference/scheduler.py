@@ -318,6 +318,8 @@ class Scheduler:
         gets `prefill_chunk_decoding`, and the earliest more, as far as the step stays within `decode_gap_stretch`
         one-row steps: beyond those few tokens each, a long prompt lengthens the others' gaps between tokens only
         within that bound, and the first newcomer reaches its first token soonest."""
+        if not needs:  # the usual decode step: nothing to size, and no fit to consult
+            return []
         chunk = self.config.prefill_chunk
         least = self.config.prefill_chunk_decoding if decoding else chunk
         budget = chunk if not decoding else min(chunk, max(least * len(needs), self._rows_beside(decoding)))
@@ -332,10 +334,9 @@ class Scheduler:
     def _rows_beside(self, decoding: int) -> int:
         """Prompt tokens a step may carry beside `decoding` decode rows within `decode_gap_stretch` one-row steps;
         0 until the step cost is measured."""
-        one_row = self.step_cost.seconds(1)
-        if self.config.decode_gap_stretch is None or one_row is None:
-            return 0
-        return max(0, (self.step_cost.rows_within(self.config.decode_gap_stretch * one_row) or 0) - decoding)
+        stretch = self.config.decode_gap_stretch
+        rows = self.step_cost.rows_within(stretch) if stretch is not None else None
+        return max(0, (rows or 0) - decoding)
 
     def _bytes(self, slots: int, capacity: int) -> int:
         return slots * capacity * self.cache.bytes_per_position

@@ -4,7 +4,7 @@ A step's time is close to a line in its row count: a fixed part (every weight re
 operator launches) and a part per row (its share of the multiplies). The ratio between the two is the
 machine's: on 2 CPU cores a row costs about a tenth of a one-row step, on a GPU or with AMX a small
 fraction of that. The scheduler asks how many rows a step may carry within a time (see
-`Scheduler._prompt_budget`), so a newcomer's prompt is fed beside the decoding streams as fast as
+`Scheduler._rows_beside`), so a newcomer's prompt is fed beside the decoding streams as fast as
 the machine allows without stretching their gaps between tokens past a bound.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 
 MIN_OBSERVATIONS = 16  # steps before a fit is trusted
-MIN_SPREAD = 2  # ...and they must differ in row count by at least this much: one row count alone fixes no slope
+MIN_ROW_VARIANCE = 0.25  # ...and their row counts must vary at least this much: one row count alone fixes no slope
 
 
 class StepCost:
@@ -38,24 +38,19 @@ class StepCost:
     def line(self) -> tuple[float, float] | None:
         """(fixed, per_row) seconds, or None while the steps seen cannot tell them apart."""
         n = len(self._steps)
-        if n < MIN_OBSERVATIONS or max(r for r, _ in self._steps) - min(r for r, _ in self._steps) < MIN_SPREAD:
-            return None
         rows, seconds, squares, products = self._sums
-        variance = squares - rows * rows / n
+        variance = squares - rows * rows / n if n else 0.0
+        if n < MIN_OBSERVATIONS or variance < MIN_ROW_VARIANCE * n:
+            return None
         per_row = (products - rows * seconds / n) / variance
         if per_row <= 0.0:  # noise swamped the rows' cost: no usable slope
             return None
         return (seconds - per_row * rows) / n, per_row
 
-    def rows_within(self, seconds: float) -> int | None:
-        """The most rows a step is expected to carry in `seconds`, or None without a fit."""
+    def rows_within(self, one_row_steps: float) -> int | None:
+        """The most rows a step is expected to carry in the time of `one_row_steps` one-row steps, or None without a fit."""
         fit = self.line()
         if fit is None:
             return None
         fixed, per_row = fit
-        return max(0, int((seconds - fixed) / per_row))
-
-    def seconds(self, rows: int) -> float | None:
-        """The expected time of a step of `rows` rows, or None without a fit."""
-        fit = self.line()
-        return None if fit is None else fit[0] + fit[1] * rows
+        return max(0, int((one_row_steps * (fixed + per_row) - fixed) / per_row))
