@@ -361,8 +361,10 @@ async function pollHealth(box) {
       return;
     }
     const model = health ? Object.entries(health.models).find(([, s]) => s.state !== "ready") : null;
-    box.hidden = false;
-    if (!health) box.querySelector('[data-field="text"]').textContent = "Waiting for the server to answer…";
+    // An unreachable server is the socket status line's news (it says "reconnecting"); this box only appears for a
+    // server that answers but is still loading, and says so if that server then stops answering.
+    if (health) box.hidden = false;
+    else box.querySelector('[data-field="text"]').textContent = "Waiting for the server to answer…";
     if (model) {
       const [id, s] = model;
       box.querySelector('[data-field="text"]').textContent =

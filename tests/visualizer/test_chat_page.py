@@ -543,6 +543,21 @@ def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tin
         stop([server])
 
 
+def test_an_unanswered_health_check_leaves_the_loading_box_to_the_socket_line(browser: Any, daphne_server: Any) -> None:
+    """The page's first /health poll can still be in flight when the server goes away; that is the socket status
+    line's news ("reconnecting"), not a model that is loading."""
+    context = browser.new_context(bypass_csp=True)
+    page = context.new_page()
+    try:
+        page.route("**/health", lambda route: route.abort())
+        page.goto(daphne_server.url + "/")
+        page.wait_for_selector(".status.connected", timeout=15000)
+        page.wait_for_timeout(1000)  # two polls
+        assert not page.is_visible("#model-loading"), page.inner_text("#model-loading")
+    finally:
+        context.close()
+
+
 def test_tokens_faster_than_the_page_draws_are_never_lost(page: Any) -> None:
     """The tiny model makes hundreds of tokens a second: drawings may be skipped, tokens may not."""
     page.fill("#max_tokens", "200")
