@@ -27,7 +27,7 @@ from inference.plain import to_plain
 from inference.progress import LoadProgress, ProgressCallback
 from inference.tokenizer import BPETokenizer
 from inference.weight_choice import WeightPlan
-from inference.weights import Int4
+from inference.weights import Int4, Int4Q8
 
 log = logging.getLogger("roundtrip.inference")
 
@@ -155,6 +155,9 @@ def load_model(
     model = Transformer(config, model_weights, stream, kv_cache_dtype).to(target).eval().requires_grad_(False)
     if kernels:
         _attach_kernels(model, kernels, plan.gemm_above)
+    if plan.q8 and "amx" in (cpu_kernels.loaded_isa() or ""):
+        report(LoadProgress("kernels", 0, 1, "timing the int4 kernel on AMX against the vector units"))
+        cpu_kernels.choose_amx_rows([(m.packed, m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Q8)])
     return_free_memory()
     report(LoadProgress("building", 2, 2, "ready"))
     return LoadedModel(

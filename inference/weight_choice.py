@@ -77,7 +77,7 @@ class WeightPlan:
     def describe(self) -> str:
         text = self.decode.value
         if self.q8:
-            text += f" (int8 x int4 kernel, {cpu_kernels.loaded_isa() or 'not loaded'})"
+            text += f" (int8 x int4 kernel, {cpu_kernels.describe()})"
         if self.gemm_above:
             text += f" (compiled AMX GEMM above {self.gemm_above} rows)"
         if self.prefill is not None:

@@ -6,6 +6,10 @@
 // activations, summed in 32 bits) 8 rows at a time; with AVX2 (VPMADDUBSW into 16-bit sums, widened once per
 // group by VPMADDWD) 4 rows at a time. Activations are rounded to int8 per group of 32, as llama.cpp does, or,
 // asked for, to two int8 parts each (see quantize_rows): twice the multiplies, float32's results within about 1e-4.
+// Built for a CPU with AMX, batches from a row count measured at load time (q4_mm_amx_from) go through the tile unit
+// instead (amx_panel): one TDPBSUD multiplies a group of 32 inputs for up to 16 rows and 16 outputs, so a row costs
+// little more than its share of the scaling. Its 32-bit sums are the very integers VPDPBUSD makes, scaled in the same
+// order, so both paths give the same bits.
 //
 // Weight layout (built by inference/cpu_kernels.py), one byte stream per block of 16 outputs:
 //   [N/16, K/32, 320] bytes; for each group of 32 inputs:
@@ -19,9 +23,15 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+#if defined(__AMX_INT8__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "simd.h"
 
@@ -169,6 +179,161 @@ constexpr std::array<TileFn, sizeof...(Rows) + 1> tiles(std::integer_sequence<in
 }
 constexpr auto kTiles = tiles(std::make_integer_sequence<int, kMaxTile>{});  // kTiles[rows]: a tile of that many rows
 
+// Batches of at least this many rows of codes go through the tile unit (0: never). Set by q4_mm_amx_from.
+std::atomic<int64_t> amx_from_rows{0};
+
+#if defined(__AMX_INT8__)
+
+constexpr int kAmxRows = 16;  // rows of codes per tile
+
+// Linux lends the tile registers only to a process that asks for them (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
+bool amx_permitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return permitted;
+}
+
+// Tile loads, stores and configuration in inline assembly that tells the compiler they touch memory: GCC 12's
+// intrinsics do not, and it drops the stores they read (a configuration of garbage faults).
+#define ROUNDTRIP_TILE_LOAD(tile, base, stride) \
+  asm volatile("tileloadd (%0,%1,1), %%tmm" #tile ::"r"(base), "r"(static_cast<int64_t>(stride)) : "memory")
+#define ROUNDTRIP_TILE_STORE(tile, base, stride) \
+  asm volatile("tilestored %%tmm" #tile ", (%0,%1,1)" ::"r"(base), "r"(static_cast<int64_t>(stride)) : "memory")
+
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The tiles amx_panel uses for `rows` rows of codes: tmm0, the codes of x for a group [rows, 32] int8; tmm1..3, sums
+// [rows, 16 outputs] int32 for up to 3 blocks of outputs; tmm4..6, those blocks' weights [8 quads, 16 outputs x 4 codes]
+// uint8 (TDPBSUD's layout, which the low and high nibbles of each 64 bytes of a block already are). The configuration
+// belongs to the thread and other kernels may change it, so each call sets its own.
+void configure_tiles(int rows) {
+  TileConfig config;
+  config.rows[0] = rows, config.bytes_per_row[0] = kGroup;
+  for (int t = 1; t < 4; ++t) config.rows[t] = rows, config.bytes_per_row[t] = 64;
+  for (int t = 4; t < 7; ++t) config.rows[t] = 8, config.bytes_per_row[t] = 64;
+  asm volatile("ldtilecfg %0" ::"m"(config));
+}
+
+// MT rows of x times P consecutive blocks of 16 outputs (w: the first block's bytes), like P calls of tile<MT>. A tile
+// loads only from memory, so each group's nibbles are spread to bytes in a buffer one group ahead of their multiply,
+// and each group's sums are scaled one group behind it: the three stages of different groups overlap instead of each
+// waiting for the last's store. P blocks share one load of x's codes and keep more multiplies in flight.
+template <int MT, int P>
+void amx_panel(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
+               int64_t ldo) {
+  alignas(64) uint8_t weights[2][P][8 * 64];
+  alignas(64) int32_t sums[2][P][kAmxRows * 16];
+  __m512 acc[P][MT];
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MT; ++m) acc[p][m] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int64_t block = G * kBlockBytes;
+  auto spread = [&](int64_t g) {
+    for (int p = 0; p < P; ++p) {
+      const uint8_t* wg = w + p * block + g * kBlockBytes;
+      uint8_t* bytes_out = weights[g & 1][p];
+      for (int qd = 0; qd < 4; ++qd) {
+        const __m512i bytes = _mm512_loadu_si512(wg + 64 * qd);
+        _mm512_store_si512(bytes_out + 128 * qd, _mm512_and_si512(bytes, low));
+        _mm512_store_si512(bytes_out + 128 * qd + 64, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low));
+      }
+    }
+  };
+  auto multiply = [&](int64_t g) {
+    ROUNDTRIP_TILE_LOAD(0, q + g * kGroup, K);
+    _tile_zero(1);
+    ROUNDTRIP_TILE_LOAD(4, weights[g & 1][0], 64);
+    _tile_dpbsud(1, 0, 4);
+    ROUNDTRIP_TILE_STORE(1, sums[g & 1][0], 64);
+    if constexpr (P > 1) {
+      _tile_zero(2);
+      ROUNDTRIP_TILE_LOAD(5, weights[g & 1][1], 64);
+      _tile_dpbsud(2, 0, 5);
+      ROUNDTRIP_TILE_STORE(2, sums[g & 1][1], 64);
+    }
+    if constexpr (P > 2) {
+      _tile_zero(3);
+      ROUNDTRIP_TILE_LOAD(6, weights[g & 1][2], 64);
+      _tile_dpbsud(3, 0, 6);
+      ROUNDTRIP_TILE_STORE(3, sums[g & 1][2], 64);
+    }
+  };
+  auto scale = [&](int64_t g) {
+    for (int p = 0; p < P; ++p) {
+      const uint8_t* wg = w + p * block + g * kBlockBytes;
+      const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256)));
+      const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 288)));
+      for (int m = 0; m < MT; ++m) {
+        const __m512i dot = _mm512_load_si512(sums[g & 1][p] + 16 * m);
+        acc[p][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scales, _mm512_set1_ps(d[m * G + g])), acc[p][m]);
+        acc[p][m] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(s[m * G + g]), acc[p][m]);
+      }
+    }
+  };
+  spread(0);
+  for (int64_t g = 0; g <= G; ++g) {
+    if (g + 1 < G) spread(g + 1);
+    if (g < G) multiply(g);
+    if (g > 0) scale(g - 1);
+  }
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + m * ldo + kBlockN * p, acc[p][m]);
+}
+
+using PanelFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const float*, int64_t, float*, int64_t);
+
+// Up to 8 rows, panels of 3 blocks (24 accumulators); more rows, one block at a time (the registers hold 16 rows' sums).
+template <int MT>
+constexpr int kPanel = MT <= 8 ? 3 : 1;
+
+template <int... Rows>
+constexpr std::array<PanelFn, sizeof...(Rows) + 1> panels(std::integer_sequence<int, Rows...>) {
+  return {nullptr, amx_panel<Rows + 1, kPanel<Rows + 1>>...};
+}
+template <int... Rows>
+constexpr std::array<PanelFn, sizeof...(Rows) + 1> singles(std::integer_sequence<int, Rows...>) {
+  return {nullptr, amx_panel<Rows + 1, 1>...};
+}
+constexpr auto kPanels = panels(std::make_integer_sequence<int, kAmxRows>{});  // kPanels[rows]
+constexpr auto kSingles = singles(std::make_integer_sequence<int, kAmxRows>{});  // kSingles[rows]: one block
+
+// Blocks b0..b1 of outputs for all R rows of codes, a tile of up to 16 rows at a time.
+void amx_blocks(int64_t b0, int64_t b1, const uint8_t* wp, int64_t G, const int8_t* qp, const float* dp, const float* sp,
+                int64_t K, int64_t R, float* pp, int64_t N) {
+  for (int64_t r0 = 0; r0 < R; r0 += kAmxRows) {
+    const int rt = static_cast<int>(std::min<int64_t>(kAmxRows, R - r0));
+    const int panel = rt <= 8 ? 3 : 1;
+    configure_tiles(rt);
+    for (int64_t nb = b0; nb < b1;) {
+      const bool whole = nb + panel <= b1;
+      (whole ? kPanels : kSingles)[rt](wp + nb * G * kBlockBytes, G, qp + r0 * K, dp + r0 * G, sp + r0 * G, K,
+                                       pp + r0 * N + nb * kBlockN, N);
+      nb += whole ? panel : 1;
+    }
+  }
+  _tile_release();
+}
+
+#endif
+
+// Batches of `rows` rows of codes and more go through the tile unit from now on (0: none; negative: leave it as it is);
+// what is set, which is 0 where this build or this CPU has no AMX, or the process may not use it.
+int64_t q4_mm_amx_from(int64_t rows) {
+  if (rows < 0) return amx_from_rows.load();
+#if defined(__AMX_INT8__)
+  if (!amx_permitted()) rows = 0;
+#else
+  rows = 0;
+#endif
+  amx_from_rows.store(rows);
+  return rows;
+}
+
 // y [M, N] (float32) = x [M, K] @ W.T for W packed as above.
 at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, int64_t parts) {
   TORCH_CHECK(x_in.dim() == 2, "q4_mm: x must be [rows, in_features]");
@@ -195,10 +360,15 @@ at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, in
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* pp = partial.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  const int64_t amx_from = amx_from_rows.load();
+  const bool amx = amx_from > 0 && R >= amx_from;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+#if defined(__AMX_INT8__)
+    if (amx) amx_blocks(b0, b1, wp, G, qp, dp, sp, K, R, pp, N);
+#endif
     for (int64_t nb = b0; nb < b1; ++nb) {
       const uint8_t* w = wp + nb * G * kBlockBytes;
-      for (int64_t r0 = 0; r0 < R; r0 += kMaxTile) {
+      for (int64_t r0 = 0; !amx && r0 < R; r0 += kMaxTile) {
         const int rt = static_cast<int>(std::min<int64_t>(kMaxTile, R - r0));
         kTiles[rt](w, G, qp + r0 * K, dp + r0 * G, sp + r0 * G, K, pp + r0 * N + nb * kBlockN, N);
       }
@@ -215,6 +385,9 @@ at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, in
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(roundtrip, m) { m.def("q4_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(roundtrip, m) {
+  m.def("q4_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor");
+  m.def("q4_mm_amx_from(int rows) -> int", &q4_mm_amx_from);
+}
 
 TORCH_LIBRARY_IMPL(roundtrip, CPU, m) { m.impl("q4_mm", &q4_mm); }

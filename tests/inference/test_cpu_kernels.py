@@ -170,3 +170,39 @@ def test_the_kernel_setting_is_checked_by_name() -> None:
 def test_it_is_built_for_an_instruction_set_this_cpu_has() -> None:
     named = cpu_kernels.isa(cpu_kernels.loaded_isa())
     assert named is not None and named.name == cpu_kernels.loaded_isa()
+
+
+
+def _amx_build() -> bool:
+    return cpu_kernels.loaded_isa() == "avx512-amx"
+
+
+@pytest.mark.parametrize("n, k", [(16, 32), (48, 96), (576, 1536), (1536, 576)])
+@pytest.mark.parametrize("parts", [1, 2])
+def test_the_amx_path_gives_the_vector_paths_bits_for_any_batch(n: int, k: int, parts: int) -> None:
+    """Whichever path a batch size takes (it is chosen by timing), a request's tokens are the same."""
+    if not _amx_build():
+        pytest.skip("this CPU has no AMX: q4_mm has only its vector path")
+    blocks = _blocks(n, k)
+    packed = cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums)
+    chosen = cpu_kernels.amx_from_rows()
+    try:
+        for rows in (1, 2, 5, 8, 9, 13, 16, 17, 33, 70):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            assert torch.ops.roundtrip.q4_mm_amx_from(0) == 0
+            vector = cpu_kernels.q4_mm(x, packed, n, parts)
+            assert torch.ops.roundtrip.q4_mm_amx_from(1) == 1
+            assert torch.equal(cpu_kernels.q4_mm(x, packed, n, parts), vector), f"{rows} rows"
+    finally:
+        torch.ops.roundtrip.q4_mm_amx_from(chosen)
+
+
+def test_the_amx_batch_size_is_chosen_by_timing_both_paths_on_the_weights() -> None:
+    blocks = _blocks(1536, 576)
+    weights = [(cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums), 1536, 576)] * 4
+    chosen = cpu_kernels.choose_amx_rows(weights, rows=(1, 8, 16), rounds=1)
+    if not _amx_build():
+        assert chosen == 0 and cpu_kernels.amx_from_rows() == 0
+        return
+    assert chosen in (0, 1, 8, 16) and cpu_kernels.amx_from_rows() == chosen
+    assert ("AMX tiles from" in cpu_kernels.describe()) == (chosen > 0)
