@@ -193,11 +193,24 @@ bool amx_permitted() {
 }
 
 // Tile loads, stores and configuration in inline assembly that tells the compiler they touch memory: GCC 12's
-// intrinsics do not, and it drops the stores they read (a configuration of garbage faults).
-#define ROUNDTRIP_TILE_LOAD(tile, base, stride) \
-  asm volatile("tileloadd (%0,%1,1), %%tmm" #tile ::"r"(base), "r"(static_cast<int64_t>(stride)) : "memory")
-#define ROUNDTRIP_TILE_STORE(tile, base, stride) \
-  asm volatile("tilestored %%tmm" #tile ", (%0,%1,1)" ::"r"(base), "r"(static_cast<int64_t>(stride)) : "memory")
+// intrinsics do not, and it dropped the stores they read (a configuration of garbage faults).
+template <int Tile>
+inline void tile_load(const void* base, int64_t stride) {
+  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(Tile) : "memory");
+}
+template <int Tile>
+inline void tile_store(void* base, int64_t stride) {
+  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(Tile) : "memory");
+}
+
+// One block of outputs for one group: sums tile `Sums` = codes of x (tmm0, already loaded) x weights tile `Weights`.
+template <int Sums, int Weights>
+inline void multiply_block(const uint8_t* weights, int32_t* sums) {
+  asm volatile("tilezero %%tmm%c0" ::"i"(Sums));
+  tile_load<Weights>(weights, 64);
+  asm volatile("tdpbsud %%tmm%c0, %%tmm0, %%tmm%c1" ::"i"(Weights), "i"(Sums));  // sums += codes of x (tmm0) . weights
+  tile_store<Sums>(sums, 64);
+}
 
 struct TileConfig {
   uint8_t palette = 1;
@@ -245,23 +258,10 @@ void amx_panel(const uint8_t* w, int64_t G, const int8_t* q, const float* d, con
     }
   };
   auto multiply = [&](int64_t g) {
-    ROUNDTRIP_TILE_LOAD(0, q + g * kGroup, K);
-    _tile_zero(1);
-    ROUNDTRIP_TILE_LOAD(4, weights[g & 1][0], 64);
-    _tile_dpbsud(1, 0, 4);
-    ROUNDTRIP_TILE_STORE(1, sums[g & 1][0], 64);
-    if constexpr (P > 1) {
-      _tile_zero(2);
-      ROUNDTRIP_TILE_LOAD(5, weights[g & 1][1], 64);
-      _tile_dpbsud(2, 0, 5);
-      ROUNDTRIP_TILE_STORE(2, sums[g & 1][1], 64);
-    }
-    if constexpr (P > 2) {
-      _tile_zero(3);
-      ROUNDTRIP_TILE_LOAD(6, weights[g & 1][2], 64);
-      _tile_dpbsud(3, 0, 6);
-      ROUNDTRIP_TILE_STORE(3, sums[g & 1][2], 64);
-    }
+    tile_load<0>(q + g * kGroup, K);
+    multiply_block<1, 4>(weights[g & 1][0], sums[g & 1][0]);
+    if constexpr (P > 1) multiply_block<2, 5>(weights[g & 1][1], sums[g & 1][1]);
+    if constexpr (P > 2) multiply_block<3, 6>(weights[g & 1][2], sums[g & 1][2]);
   };
   auto scale = [&](int64_t g) {
     for (int p = 0; p < P; ++p) {
