@@ -287,9 +287,11 @@ void amx_panel(const uint8_t* w, int64_t G, const int8_t* q, const float* d, con
 
 using PanelFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const float*, int64_t, float*, int64_t);
 
-// Up to 8 rows, panels of 3 blocks (24 accumulators); more rows, one block at a time (the registers hold 16 rows' sums).
+// Blocks per panel for a tile of `rows` rows: as many as keep the accumulators (rows x blocks) within 24 of the 32
+// vector registers.
+constexpr int panel_blocks(int rows) { return rows <= 8 ? 3 : rows <= 12 ? 2 : 1; }
 template <int MT>
-constexpr int kPanel = MT <= 8 ? 3 : 1;
+constexpr int kPanel = panel_blocks(MT);
 
 template <int... Rows>
 constexpr std::array<PanelFn, sizeof...(Rows) + 1> panels(std::integer_sequence<int, Rows...>) {
@@ -307,7 +309,7 @@ void amx_blocks(int64_t b0, int64_t b1, const uint8_t* wp, int64_t G, const int8
                 int64_t K, int64_t R, float* pp, int64_t N) {
   for (int64_t r0 = 0; r0 < R; r0 += kAmxRows) {
     const int rt = static_cast<int>(std::min<int64_t>(kAmxRows, R - r0));
-    const int panel = rt <= 8 ? 3 : 1;
+    const int panel = panel_blocks(rt);
     configure_tiles(rt);
     for (int64_t nb = b0; nb < b1;) {
       const bool whole = nb + panel <= b1;
