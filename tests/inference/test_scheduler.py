@@ -280,7 +280,7 @@ def test_arrivals_one_at_a_time_grow_the_cache_with_room_to_spare(tiny_model: Lo
 
 
 def test_spare_slots_are_kept_while_sequences_run_and_freed_when_idle(tiny_model: LoadedModel) -> None:
-    scheduler = _scheduler(tiny_model)
+    scheduler = _scheduler(tiny_model, idle_kv_bytes=0)
     for i in range(5):
         scheduler.add(_request(f"s{i}", PROMPTS[i], max_tokens=3 if i else 30))
     slots = []
@@ -289,6 +289,28 @@ def test_spare_slots_are_kept_while_sequences_run_and_freed_when_idle(tiny_model
         slots.append((len(scheduler.running), scheduler.cache.slots))
     assert (1, 5) in slots  # one sequence left: the burst's slots stay (shrinking would copy it mid-stream)
     assert slots[-1] == (0, 0) and scheduler.cache.nbytes == 0
+
+
+def test_an_idle_engine_keeps_a_small_cache_so_the_next_request_does_not_allocate_one(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model)
+    _run(scheduler, [_request("first", PROMPTS[0], max_tokens=3)])
+    scheduler.finish_step()
+    kept = scheduler.cache.k
+    assert 0 < scheduler.cache.nbytes <= scheduler.config.idle_kv_bytes and scheduler.stats().kv_bytes == 0
+    second = _run(scheduler, [_request("second", PROMPTS[1], max_tokens=3)])["second"]
+    assert scheduler.cache.k is kept  # admitted into the kept cache: no new allocation
+    assert [t.token_id for t in _tokens(second)] == [t.token_id for t in _alone(tiny_model, _request("a", PROMPTS[1], max_tokens=3))]
+
+
+def test_an_idle_engine_keeps_no_more_than_its_idle_budget(tiny_model: LoadedModel) -> None:
+    scheduler = _scheduler(tiny_model)
+    _run(scheduler, [_request(f"b{i}", PROMPTS[i], max_tokens=3) for i in range(5)])
+    scheduler.finish_step()
+    per_slot = scheduler.cache.nbytes // scheduler.cache.slots
+    small = _scheduler(tiny_model, idle_kv_bytes=2 * per_slot)
+    _run(small, [_request(f"b{i}", PROMPTS[i], max_tokens=3) for i in range(5)])
+    small.finish_step()
+    assert small.cache.slots == 2 and small.cache.nbytes <= small.config.idle_kv_bytes
 
 
 def test_a_finished_sequence_leaves_its_slot_and_fills_the_prefix_cache_after_its_outputs(tiny_model: LoadedModel) -> None:
