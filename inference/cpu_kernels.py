@@ -203,6 +203,12 @@ def q4_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tenso
     return y
 
 
+def q4_mm_swiglu(gate_up: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
+    """float32 (silu(gate) * up) @ W.T for gate_up [M, 2 F] (gate first), in one call: q4_mm of the SwiGLU product."""
+    y: Tensor = torch.ops.roundtrip.q4_mm_swiglu(gate_up, packed, out_features, parts)
+    return y
+
+
 def activation_parts() -> int:
     """`ROUNDTRIP_Q4_ACTIVATIONS`: `int8` (default), one int8 per activation as llama.cpp rounds them; `int8x2`, two
     parts, about 15 bits, float32's results within about 1e-4 for twice the multiplies (decode about 9% slower

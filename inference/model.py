@@ -131,11 +131,12 @@ class Block(nn.Module):
         return self.attn_output(out.view(N, c.n_heads * c.head_dim))  # [N, dim]
 
     def feed_forward(self, x: Tensor, layer: int, probes: Probes) -> Tensor:
-        """SwiGLU: down(silu(gate(x)) * up(x))."""
-        gate, up = self.ffn_gate_up(x).chunk(2, dim=-1)  # [N, ffn] each
+        """SwiGLU: down(silu(gate(x)) * up(x)), the product taken by the down projection (fused where it can be)."""
+        gate_up = self.ffn_gate_up(x)  # [N, 2 ffn]: gate, then up
         for token, probe in probes.items():
-            probe.on_feed_forward(layer, gate[token], up[token])
-        return self.ffn_down(F.silu(gate) * up)
+            gate, up = gate_up[token].chunk(2, dim=-1)  # [ffn] each
+            probe.on_feed_forward(layer, gate, up)
+        return self.ffn_down.swiglu(gate_up)
 
 
 def _attend_decode_rows(q: Tensor, cache: SlotCache, layer: int, rows: DecodeRows, out: Tensor) -> None:

@@ -100,6 +100,12 @@ class Projection(nn.Module, metaclass=ABCMeta):
     def multiply(self, x: Tensor) -> Tensor:
         """x in `input_dtype`."""
 
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        """y = (silu(gate) * up) @ W.T for gate_up [rows, 2 in_features] (gate first): a SwiGLU feed-forward's down
+        projection; formats with a fused kernel override it."""
+        gate, up = gate_up.chunk(2, dim=-1)  # [rows, in_features] each
+        return self(F.silu(gate) * up)
+
     @abstractmethod
     def rows(self, ids: Tensor) -> Tensor:
         """Rows `ids` of the weight as float32 [*ids.shape, in_features]: embedding lookups, exact logits for a few
@@ -239,6 +245,9 @@ class Int4Q8(PackedInt4):
     def multiply(self, x: Tensor) -> Tensor:
         return cpu_kernels.q4_mm(x, self.packed, self.out_features, self.activation_parts)
 
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        return cpu_kernels.q4_mm_swiglu(gate_up, self.packed, self.out_features, self.activation_parts)
+
     def state(self) -> dict[str, Any]:
         return {"kind": "int4q8", "packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}
 
@@ -305,6 +314,9 @@ class SizeDispatch(Projection):
 
     def multiply(self, x: Tensor) -> Tensor:
         return self.small(x) if x.shape[0] <= self.max_small_rows else self.large(x)  # each casts to its own dtype
+
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        return (self.small if gate_up.shape[0] <= self.max_small_rows else self.large).swiglu(gate_up)
 
     @property
     def has_rows(self) -> bool:  # type: ignore[override]

@@ -107,12 +107,10 @@ inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, c
       const __m512i bytes = _mm512_loadu_si512(wg + 64 * qd);
       const __m512i lo = _mm512_and_si512(bytes, low);
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
-      for (int m = 0; m < MT; ++m) {
-        int32_t first, second;
-        std::memcpy(&first, qg + m * K + 8 * qd, 4);
-        std::memcpy(&second, qg + m * K + 8 * qd + 4, 4);
-        dot[m] = _mm512_dpbusd_epi32(dot[m], lo, _mm512_set1_epi32(first));
-        dot[m] = _mm512_dpbusd_epi32(dot[m], hi, _mm512_set1_epi32(second));
+      for (int m = 0; m < MT; ++m) {  // each row's 4 codes broadcast from memory within the multiply ({1to16})
+        const int8_t* codes = qg + m * K + 8 * qd;
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[m]) : "v"(lo), "m"(*reinterpret_cast<const int32_t*>(codes)));
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[m]) : "v"(hi), "m"(*reinterpret_cast<const int32_t*>(codes + 4)));
       }
     }
     const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256)));
@@ -385,11 +383,44 @@ at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, in
   return out;
 }
 
+
+// silu(x) = x / (1 + e^-x), from e^-|x| so that the exponential never overflows: 1 / (1 + t) for x >= 0, t / (1 + t) below.
+inline simd::Float silu(simd::Float x) {
+  using namespace simd;
+  const Float t = exp_nonpositive(min(x, sub(zero(), x)));  // e^-|x|
+  const Float sigmoid_abs = div(set1(1.0f), add(set1(1.0f), t));  // sigmoid(|x|)
+  return mul(x, where_negative(x, mul(t, sigmoid_abs), sigmoid_abs));
+}
+
+// The SwiGLU feed-forward's down projection, y [M, N] = (silu(gate) * up) @ W.T, from the gate and up projections' one
+// output gate_up [M, 2 F] (gate first). Fused, the 2 x 30 elementwise passes of a step and their dispatch cost about a
+// fifth of what they did as torch operations; each row is computed alone, so batching still changes nothing.
+at::Tensor q4_mm_swiglu(const at::Tensor& gate_up_in, const at::Tensor& packed, int64_t N, int64_t parts) {
+  TORCH_CHECK(gate_up_in.dim() == 2 && gate_up_in.size(1) % (2 * simd::kWidth) == 0,
+              "q4_mm_swiglu: gate_up must be [rows, 2 x in_features], in_features a multiple of ", simd::kWidth);
+  const at::Tensor gate_up = gate_up_in.to(at::kFloat).contiguous();
+  const int64_t M = gate_up.size(0), F = gate_up.size(1) / 2;
+  at::Tensor x = at::empty({M, F}, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* xp = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t c = 0; c < F; c += simd::kWidth) {
+      const float* row = gp + m * 2 * F;
+      simd::store(xp + m * F + c, simd::mul(silu(simd::load(row + c)), simd::load(row + F + c)));
+    }
+  }
+  return q4_mm(x, packed, N, parts);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(roundtrip, m) {
   m.def("q4_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor");
+  m.def("q4_mm_swiglu(Tensor gate_up, Tensor packed, int out_features, int parts) -> Tensor");
   m.def("q4_mm_amx_from(int rows) -> int", &q4_mm_amx_from);
 }
 
-TORCH_LIBRARY_IMPL(roundtrip, CPU, m) { m.impl("q4_mm", &q4_mm); }
+TORCH_LIBRARY_IMPL(roundtrip, CPU, m) {
+  m.impl("q4_mm", &q4_mm);
+  m.impl("q4_mm_swiglu", &q4_mm_swiglu);
+}

@@ -34,6 +34,9 @@ inline Float add(Float a, Float b) { return _mm512_add_ps(a, b); }
 inline Float sub(Float a, Float b) { return _mm512_sub_ps(a, b); }
 inline Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
 inline Float max(Float a, Float b) { return _mm512_max_ps(a, b); }
+inline Float min(Float a, Float b) { return _mm512_min_ps(a, b); }
+inline Float div(Float a, Float b) { return _mm512_div_ps(a, b); }
+inline Float where_negative(Float x, Float yes, Float no) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_LT_OQ), no, yes); }
 // Lanes 2i and 2i + 1 swapped.
 inline Float swap_pairs(Float v) { return _mm512_permute_ps(v, 0xB1); }
 // Even lanes from a, odd lanes from b.
@@ -75,6 +78,9 @@ inline Float add(Float a, Float b) { return _mm256_add_ps(a, b); }
 inline Float sub(Float a, Float b) { return _mm256_sub_ps(a, b); }
 inline Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
 inline Float max(Float a, Float b) { return _mm256_max_ps(a, b); }
+inline Float min(Float a, Float b) { return _mm256_min_ps(a, b); }
+inline Float div(Float a, Float b) { return _mm256_div_ps(a, b); }
+inline Float where_negative(Float x, Float yes, Float no) { return _mm256_blendv_ps(no, yes, _mm256_cmp_ps(x, zero(), _CMP_LT_OQ)); }
 inline Float swap_pairs(Float v) { return _mm256_permute_ps(v, 0xB1); }
 inline Float odd_from(Float a, Float b) { return _mm256_blend_ps(a, b, 0xAA); }
 inline Float fmadd(Float a, Float b, Float c) { return _mm256_fmadd_ps(a, b, c); }

@@ -57,6 +57,32 @@ def test_a_row_gives_the_same_result_alone_and_in_any_batch(parts: int) -> None:
     assert torch.equal(cpu_kernels.q4_mm(x[3:9], packed, 192, parts), batch[3:9])
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_the_fused_swiglu_is_the_down_projection_of_silu_gate_times_up(rows: int) -> None:
+    """The feed-forward's one call: torch's silu(gate) * up, then q4_mm; gates from -100 to 100 take both of silu's
+    branches and the exponential's clamp."""
+    blocks = _blocks(96, 64)
+    packed = cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums)
+    gate_up = torch.randn(rows, 128, generator=torch.Generator().manual_seed(3)) * 4
+    gate_up[0, :3] = torch.tensor([-100.0, 100.0, 0.0])
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = cpu_kernels.q4_mm(torch.nn.functional.silu(gate) * up, packed, 96)
+    got = cpu_kernels.q4_mm_swiglu(gate_up, packed, 96)
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+    for row in range(rows):
+        assert torch.equal(cpu_kernels.q4_mm_swiglu(gate_up[row : row + 1], packed, 96)[0], got[row])
+
+
+def test_an_int4_projection_fuses_swiglu_and_others_take_torchs_product() -> None:
+    blocks = _blocks(96, 64)
+    gate_up = torch.randn(5, 128, generator=torch.Generator().manual_seed(4))
+    gate, up = gate_up.chunk(2, dim=-1)
+    int4 = build(WeightFormat.INT4, blocks=blocks, q8=True)
+    assert torch.allclose(int4.swiglu(gate_up), int4(torch.nn.functional.silu(gate) * up), rtol=0, atol=1e-5)
+    dense = build(WeightFormat.FP32, dense=blocks.dequantize())
+    assert torch.equal(dense.swiglu(gate_up), dense(torch.nn.functional.silu(gate) * up))
+
+
 def test_it_takes_bfloat16_rows_as_well() -> None:
     blocks = _blocks(32, 64)
     packed = cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums)
