@@ -100,7 +100,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # (named in the summary with the reason), not skipped, so a skip always means something missing that could be there.
 HARDWARE: dict[str, tuple[Callable[[], bool], str]] = {
     "cuda": (lambda: torch.cuda.is_available(), "no CUDA GPU here: the bf16 CUDA path is tested where one is present"),
-    "amx": (lambda: bool(torch._C._cpu._init_amx()), "this CPU has no AMX: the eager int4 kernel serves alone"),
+    "amx": (lambda: bool(torch._C._cpu._init_amx()), "this CPU has no AMX: the AMX paths (the compiled int4 GEMM, q4_mm's tiles) are tested where it is present"),
 }
 _absent_hardware: list[tuple[str, str]] = []
 

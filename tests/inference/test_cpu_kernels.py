@@ -203,12 +203,13 @@ def _amx_build() -> bool:
     return cpu_kernels.loaded_isa() == "avx512-amx"
 
 
+@pytest.mark.hardware("amx")
 @pytest.mark.parametrize("n, k", [(16, 32), (48, 96), (576, 1536), (1536, 576)])
 @pytest.mark.parametrize("parts", [1, 2])
 def test_the_amx_path_gives_the_vector_paths_bits_for_any_batch(n: int, k: int, parts: int) -> None:
     """Whichever path a batch size takes (it is chosen by timing), a request's tokens are the same."""
     if not _amx_build():
-        pytest.skip("this CPU has no AMX: q4_mm has only its vector path")
+        pytest.skip("ROUNDTRIP_CPU_KERNELS chose a build without the AMX path")
     blocks = _blocks(n, k)
     packed = cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums)
     chosen = cpu_kernels.amx_from_rows()
