@@ -9,9 +9,10 @@ tokens), stops it, then does the same against llama-server (`--parallel` = the h
 level) built by ../shared/tools/llamacpp-reference. Loopback only. Per level it prints
 aggregate output tokens/s, time to first token and inter-token latency (p50, p99), all
 measured on the client with time.perf_counter (a lean client, `benchmarks.lean_stream`, the same
-for both servers), and, for Roundtrip, the mean engine step and batch over the level from its
-/metrics (the rest of an ITL is the web side's and the client's work); then it checks the bars
-of the batching issue.
+for both servers), and, for Roundtrip, from its /metrics over the level: the mean engine step, the
+mean delivery of a step's tokens by the web side (the engine waits for it, so an ITL is about the
+two together, plus the client's reading) and the mean batch; then it checks the bars of the
+batching issue.
 """
 
 from __future__ import annotations
@@ -83,25 +84,29 @@ def engine_totals(url: str) -> dict[str, float] | None:
         return None
     if reply.status_code != 200:
         return None
-    totals = {"steps": 0.0, "step_seconds": 0.0, "rows": 0.0}
+    totals = {"steps": 0.0, "step_seconds": 0.0, "delivery_seconds": 0.0, "rows": 0.0}
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
             if sample.name == "roundtrip_step_seconds_count":
                 totals["steps"] += sample.value
             elif sample.name == "roundtrip_step_seconds_sum":
                 totals["step_seconds"] += sample.value
+            elif sample.name == "roundtrip_step_delivery_seconds_sum":
+                totals["delivery_seconds"] += sample.value
             elif sample.name == "roundtrip_batch_size_sum":
                 totals["rows"] += sample.value
     return totals
 
 
 def engine_row(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
-    """The level's mean engine step (forward and sampling, on the server's clock) and mean batch: what an ITL is made
-    of besides the web side's and the client's work."""
+    """The level's mean engine step (forward and sampling, on the server's clock), the mean delivery of a step's tokens
+    by the web side (which the engine waits for) and the mean batch: an ITL is about step + delivery, plus the client's
+    own reading."""
     if before is None or after is None or after["steps"] <= before["steps"]:
         return {}
     steps = after["steps"] - before["steps"]
-    return {"step_ms": (after["step_seconds"] - before["step_seconds"]) / steps * 1000, "batch": (after["rows"] - before["rows"]) / steps}
+    return {"step_ms": (after["step_seconds"] - before["step_seconds"]) / steps * 1000,
+            "delivery_ms": (after["delivery_seconds"] - before["delivery_seconds"]) / steps * 1000, "batch": (after["rows"] - before["rows"]) / steps}
 
 
 async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: int) -> Result:
@@ -269,13 +274,13 @@ def main() -> None:
 def report(table: dict[str, list[dict[str, float]]], levels: list[int], max_tokens: int, model_path: str, threads: int) -> None:
     print(f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {threads} CPU threads; client on the same machine")
     header = (f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
-              f"{'step avg':>10}{'batch':>7}")
+              f"{'step avg':>10}{'delivery':>10}{'batch':>7}")
     print(header)
     for name, rows in table.items():
         for r in rows:
             print(f"{name:<14}{r['streams']:>8}{r['requests']:>9}{r['tok_s']:>9.1f}{r['ttft_p50'] * 1000:>8.0f}ms{r['ttft_p99'] * 1000:>8.0f}ms"
                   f"{r['itl_p50'] * 1000:>7.1f}ms{r['itl_p99'] * 1000:>7.1f}ms{r['errors']:>7}"
-                  + (f"{r['step_ms']:>8.1f}ms{r['batch']:>7.1f}" if "step_ms" in r else ""))
+                  + (f"{r['step_ms']:>8.1f}ms{r['delivery_ms']:>8.1f}ms{r['batch']:>7.1f}" if "step_ms" in r else ""))
     ours = {r["streams"]: r for r in table.get("roundtrip", [])}
     theirs = {r["streams"]: r for r in table.get("llama-server", [])}
     if 1 in ours and 8 in ours:

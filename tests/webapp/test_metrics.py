@@ -79,6 +79,8 @@ def test_a_live_server_counts_requests_tokens_and_refusals(daphne_server: Any, m
     assert grew("vllm:request_success_total", model_name="tiny", finished_reason="length") == 1
     assert grew("vllm:time_to_first_token_seconds_count", model_name="tiny") == 1
     assert grew("vllm:inter_token_latency_seconds_count", model_name="tiny") == 6
+    assert grew("roundtrip_step_delivery_seconds_count", model_name="tiny") == grew("roundtrip_step_seconds_count", model_name="tiny") >= 7
+    assert grew("roundtrip_step_delivery_seconds_sum", model_name="tiny") > 0
     assert grew("vllm:prefix_cache_queries_total", model_name="tiny") > 0
     assert grew("roundtrip_gateway_requests_total", endpoint="chat.completions", status="200") == 1
     assert grew("roundtrip_gateway_refused_total", endpoint="chat.completions", reason="invalid_api_key") == 1

@@ -270,6 +270,7 @@ class EngineRunner:
         except Exception as exc:  # the batched forward itself failed: every request in it fails, the worker goes on
             self._fail_all(model_id, scheduler, exc)
             return
+        delivering = time.perf_counter()
         self._deliver(model_id, served, outputs)
         try:
             scheduler.finish_step()  # the step's bookkeeping, while the event loop sends its replies
@@ -279,6 +280,7 @@ class EngineRunner:
             self._settle()
         if scheduler.steps != steps and scheduler.last_batch is not None:  # a forward ran
             metrics.step_seconds.labels(model_id).observe(stepped)
+            metrics.step_delivery_seconds.labels(model_id).observe(time.perf_counter() - delivering)
             metrics.batch_size.labels(model_id).observe(scheduler.last_batch.batch_size)
 
     def _fail_all(self, model_id: str, scheduler: Scheduler, exc: Exception) -> None:
