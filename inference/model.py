@@ -140,13 +140,9 @@ class Block(nn.Module):
 
 
 def _attend_decode_rows(q: Tensor, cache: SlotCache, layer: int, rows: DecodeRows, out: Tensor) -> None:
-    """Every decode row against its own sequence's keys, in one call of the decode-attention kernel."""
+    """Every token against its own sequence's keys up to its position, in one call of the decode-attention kernel."""
     keys, values = cache.layer(layer)  # [slots, KV, capacity, hd] each
-    scale = q.shape[-1] ** -0.5
-    if rows.every_token:
-        out.copy_(cpu_kernels.decode_attention(q, keys, values, rows.slots, rows.lengths, scale))
-    else:
-        out[rows.tokens] = cpu_kernels.decode_attention(q[rows.tokens], keys, values, rows.slots, rows.lengths, scale)
+    out.copy_(cpu_kernels.decode_attention(q, keys, values, rows.slots, rows.lengths, q.shape[-1] ** -0.5))
 
 
 def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:

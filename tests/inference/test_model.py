@@ -123,16 +123,41 @@ def test_untied_output_weights_are_used(write_gguf: Any) -> None:
     assert np.allclose(_all_logits(loaded.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_a_short_prompt_chunk_beside_decode_rows_is_attended_by_the_decode_kernel(tiny_model: LoadedModel) -> None:
-    """Every token of a short chunk becomes a kernel row over its own positions: no attention group, no gather."""
+def test_with_the_decode_kernel_every_token_is_one_of_its_rows(tiny_model: LoadedModel) -> None:
+    """Decode rows and prompt chunks of any length: each token a kernel row over its own positions, no attention group."""
     freqs = tiny_model.model.freqs_cis
-    plan = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs, decode_kernel=True)
-    assert plan.decode is not None and not plan.decode.every_token
-    assert plan.decode.tokens.tolist() == [0, 1, 2, 3, 4] and plan.decode.slots.tolist() == [0, 1, 1, 1, 1]
-    assert plan.decode.lengths.tolist() == [11, 4, 5, 6, 7]
-    assert [(g.lo, g.hi, g.kv_len) for g in plan.groups] == [(2, 3, 40)]  # the long chunk: one causal call
-    mixed = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4)], freqs, decode_kernel=True)
-    assert mixed.groups == () and mixed.decode is not None and mixed.decode.every_token
+    plan = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs, decode_kernel=True, fused_rope=True)
+    assert plan.decode is not None and plan.groups == () and plan.rotations is not None
+    assert plan.decode.slots.tolist() == [0, 1, 1, 1, 1] + [2] * 40
+    assert plan.decode.lengths.tolist() == [11, 4, 5, 6, 7] + list(range(1, 41))
+    without = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs)
+    assert without.decode is None and [(g.lo, g.hi, g.kv_len) for g in without.groups] == [(0, 1, 11), (1, 2, 7), (2, 3, 40)]
+
+
+@pytest.fixture(scope="module")
+def served_smollm2() -> LoadedModel:
+    """The real model as a server holds it by default here: int4 weights on our kernels (the tests' ROUNDTRIP_WEIGHTS
+    is fp32, whose torch matrix multiplies round differently for different row counts)."""
+    return load_model(device="cpu", weights="int4")
+
+
+@pytest.mark.parametrize("cached", [0, 16, 32, 35])
+def test_a_token_gets_the_same_bits_whatever_chunk_or_cache_hit_its_prompt_came_in(served_smollm2: LoadedModel, cached: int) -> None:
+    """A prompt prefilled whole, in chunks of 4, or after `cached` positions loaded from an earlier run (the prefix
+    cache's case): the same last-token logits to the bit, so a seeded request samples the same text in each case."""
+    model = served_smollm2.model
+    assert model.decode_kernel, "the decode-attention kernel is not loaded"
+    ids = served_smollm2.chat_template.render([{"role": "user", "content": "What's the capital of India?"}]).ids
+    whole_cache = model.new_cache(1, len(ids))
+    whole = _forward(model, whole_cache, [(Chunk(0, 0, len(ids)), ids)])[-1]
+    chunked_cache = model.new_cache(1, len(ids))
+    chunked = [_forward(model, chunked_cache, [(Chunk(0, s, len(ids[s : s + 4])), ids[s : s + 4])]) for s in range(0, len(ids), 4)][-1][-1]
+    assert torch.equal(chunked, whole)
+    warm_cache = model.new_cache(1, len(ids))
+    k, v = whole_cache.read(0, 0, cached)
+    warm_cache.load(0, 0, k, v)
+    warm = _forward(model, warm_cache, [(Chunk(0, cached, len(ids) - cached), ids[cached:])])[-1]
+    assert torch.equal(warm, whole)
 
 
 def test_a_decode_step_rotates_stores_and_attends_in_one_kernel_call_with_the_same_bits(write_gguf: Any) -> None:
