@@ -37,7 +37,7 @@ EVENT_TYPES: dict[type, str] = {
 
 def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
     """{"event": <type>, ...fields}; token ids gain their text, arrays become (rounded) lists."""
-    data: dict[str, Any] = {"event": EVENT_TYPES[type(event)], **to_plain(dataclasses.asdict(event))}
+    data: dict[str, Any] = {"event": EVENT_TYPES[type(event)], **to_plain(event)}
     text = tokenizer.token_text
     raw = tokenizer.token_bytes
     if isinstance(event, Tokenized):

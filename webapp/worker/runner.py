@@ -98,6 +98,7 @@ class EngineRunner:
         config: SchedulerConfig,
         worker_id: str = "worker",
         settle: Callable[[], None] | None = None,
+        hold: Callable[[], None] | None = None,
     ) -> None:
         self.models: dict[str, Served] = {}
         self.failures: dict[str, str] = {}  # model id -> why it could not be loaded
@@ -106,7 +107,8 @@ class EngineRunner:
         self._loaders = loaders
         self._on_ready = on_ready
         self._emit = emit
-        self._settle = settle
+        self._settle = settle  # after a step: hand its replies on and wait until the loop has sent them
+        self._hold = hold  # before a step's delivery: keep its replies for `settle`
         self._control = control_channel
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._jobs: dict[str, Job] = {}
@@ -271,6 +273,8 @@ class EngineRunner:
             self._fail_all(model_id, scheduler, exc)
             return
         delivering = time.perf_counter()
+        if self._hold is not None and self._settle is not None:
+            self._hold()
         self._deliver(model_id, served, outputs)
         try:
             scheduler.finish_step()  # the step's bookkeeping, while the event loop sends its replies

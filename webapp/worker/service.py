@@ -71,10 +71,26 @@ class Outbox:
         self._loop = loop
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.runner: EngineRunner | None = None
+        self._held: list[tuple[str, dict[str, Any]]] | None = None  # a step's replies, kept until `settle`
+        self._holder: int | None = None  # the thread whose replies are kept
 
     def emit(self, channel: str, message: Mapping[str, Any]) -> None:
         """Thread-safe: called from engine threads."""
+        if self._held is not None and threading.get_ident() == self._holder:
+            self._held.append((channel, dict(message)))
+            return
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (channel, dict(message)))
+
+    def hold(self) -> None:
+        """Engine thread, before it delivers a step: keep that thread's replies until `settle` hands them to the loop
+        all at once. One per stream, each woke the loop, which then took the interpreter from the engine thread in the
+        middle of the step's delivery, and back: a switch of threads each way per stream."""
+        self._holder = threading.get_ident()
+        self._held = []
+
+    def _put_all(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+        for item in items:
+            self._queue.put_nowait(item)
 
     def settle(self) -> None:
         """Engine thread, after a step: wait (briefly) until the event loop has passed this step's replies on.
@@ -83,8 +99,9 @@ class Outbox:
         socket frame) would otherwise land in the middle of the next forward, and every preemption of one of
         torch's threads stalls the other at its next barrier: at 8 streams on 2 cores that cost 9 ms a step.
         Done back to back, the same work costs only its own time."""
+        held, self._held = self._held or [], None
         done = threading.Event()
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, ("", {"settled": done}))
+        self._loop.call_soon_threadsafe(self._put_all, [*held, ("", {"settled": done})])
         done.wait(SETTLE_TIMEOUT)
 
     async def run(self) -> None:
@@ -137,7 +154,7 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
         loop.call_soon_threadsafe(ready[model_id].set)
 
     runner = EngineRunner({route.id: loader(route) for route in routes}, on_ready, outbox.emit, inbox, scheduler_config(), worker_id,
-                          outbox.settle)
+                          outbox.settle, outbox.hold)
     outbox.runner = runner
     tasks = [
         asyncio.create_task(outbox.run()),
