@@ -275,13 +275,15 @@ class EngineRunner:
         delivering = time.perf_counter()
         if self._hold is not None and self._settle is not None:
             self._hold()
-        self._deliver(model_id, served, outputs)
         try:
-            scheduler.finish_step()  # the step's bookkeeping, while the event loop sends its replies
-        except Exception as exc:  # the cache is in doubt: as for a failed forward
-            self._fail_all(model_id, scheduler, exc)
-        if self._settle is not None:
-            self._settle()
+            self._deliver(model_id, served, outputs)
+            try:
+                scheduler.finish_step()  # the step's bookkeeping, while the event loop sends its replies
+            except Exception as exc:  # the cache is in doubt: as for a failed forward
+                self._fail_all(model_id, scheduler, exc)
+        finally:  # whatever happened, the replies kept since `hold` go out
+            if self._settle is not None:
+                self._settle()
         if scheduler.steps != steps and scheduler.last_batch is not None:  # a forward ran
             metrics.step_seconds.labels(model_id).observe(stepped)
             metrics.step_delivery_seconds.labels(model_id).observe(time.perf_counter() - delivering)
