@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference import cpu_kernels
-from inference.batch import AttentionGroup, BatchPlan, Chunk, DecodeRows
+from inference.batch import AttentionGroup, BatchPlan, Chunk
 from inference.config import ModelConfig
 from inference.kv_cache import SlotCache
 from inference.model_weights import BlockWeights, ModelWeights
@@ -123,12 +123,14 @@ class Block(nn.Module):
         for token, probe in probes.items():
             keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, int(plan.token_positions[token]) + 1)
             probe.on_attention(layer, q[token], keys[0].to(q.dtype))
-        out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
-        if plan.decode is not None:
-            _attend_decode_rows(q, cache, layer, plan.decode, out)
-        for group in plan.groups:
-            _attend_group(q, cache, layer, group, out, c.kv_group_size)
-        return self.attn_output(out.view(N, c.n_heads * c.head_dim))  # [N, dim]
+        if plan.decode is not None:  # every token by the decode kernel, each over its own positions
+            keys, values = cache.layer(layer)  # [slots, KV, capacity, hd] each
+            out = cpu_kernels.decode_attention(q, keys, values, plan.decode.slots, plan.decode.lengths, c.head_dim**-0.5)  # [N, H, hd]
+        else:
+            out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
+            for group in plan.groups:
+                _attend_group(q, cache, layer, group, out, c.kv_group_size)
+        return self.attn_output(out.reshape(N, c.n_heads * c.head_dim))  # [N, dim]
 
     def feed_forward(self, x: Tensor, layer: int, probes: Probes) -> Tensor:
         """SwiGLU: down(silu(gate(x)) * up(x)), the product taken by the down projection (fused where it can be)."""
@@ -137,12 +139,6 @@ class Block(nn.Module):
             gate, up = gate_up[token].chunk(2, dim=-1)  # [ffn] each
             probe.on_feed_forward(layer, gate, up)
         return self.ffn_down.swiglu(gate_up)
-
-
-def _attend_decode_rows(q: Tensor, cache: SlotCache, layer: int, rows: DecodeRows, out: Tensor) -> None:
-    """Every token against its own sequence's keys up to its position, in one call of the decode-attention kernel."""
-    keys, values = cache.layer(layer)  # [slots, KV, capacity, hd] each
-    out.copy_(cpu_kernels.decode_attention(q, keys, values, rows.slots, rows.lengths, q.shape[-1] ** -0.5))
 
 
 def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:

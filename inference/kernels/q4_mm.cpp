@@ -403,12 +403,12 @@ at::Tensor q4_mm_swiglu(const at::Tensor& gate_up_in, const at::Tensor& packed, 
   at::Tensor x = at::empty({M, F}, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
   float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t c = 0; c < F; c += simd::kWidth) {
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {  // a prompt chunk's rows on every thread
+    for (int64_t m = m0; m < m1; ++m) {
       const float* row = gp + m * 2 * F;
-      simd::store(xp + m * F + c, simd::mul(silu(simd::load(row + c)), simd::load(row + F + c)));
+      for (int64_t c = 0; c < F; c += simd::kWidth) simd::store(xp + m * F + c, simd::mul(silu(simd::load(row + c)), simd::load(row + F + c)));
     }
-  }
+  });
   return q4_mm(x, packed, N, parts);
 }
 

@@ -36,7 +36,7 @@ request_decode_time = Histogram("vllm:request_decode_time_seconds", "From the fi
 # --- Roundtrip's own -----------------------------------------------------------------------------
 batch_size = Histogram("roundtrip_batch_size", "Sequences in one batched forward.", MODEL, buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))
 step_seconds = Histogram("roundtrip_step_seconds", "One engine step: the batched forward, sampling every row and the scheduler's bookkeeping (not the delivery of its tokens).", MODEL, buckets=_ITL)
-step_delivery_seconds = Histogram("roundtrip_step_delivery_seconds", "After an engine step: its tokens serialized and sent on by the web side. The engine waits for it, so it is part of every stream's gap between tokens.", MODEL, buckets=_ITL)
+step_delivery_seconds = Histogram("roundtrip_step_delivery_seconds", "After an engine step: its tokens serialized and sent on by the web side (the scheduler's deferred bookkeeping runs meanwhile). The engine waits for it, so it is part of every stream's gap between tokens.", MODEL, buckets=_ITL)
 gateway_requests = Counter("roundtrip_gateway_requests", "Requests the gateway answered, by endpoint and HTTP status.", ["endpoint", "status"])
 gateway_refused = Counter("roundtrip_gateway_refused", "Requests refused or failed, by reason (the error code).", ["endpoint", "reason"])
 workers_alive = Gauge("roundtrip_workers_alive", "Inference workers with a fresh heartbeat, as this web process sees them.")
