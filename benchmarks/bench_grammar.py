@@ -22,29 +22,49 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from inference.gguf_file import GGUFFile  # noqa: E402
-from inference.loader import default_model_path  # noqa: E402
-from inference.tokenizer import BPETokenizer  # noqa: E402
+from inference.gguf_file import GGUFFile
+from inference.loader import default_model_path
+from inference.tokenizer import BPETokenizer
 
 SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
     "nested object": (
-        {"type": "object", "properties": {"name": {"type": "string"}, "address": {"type": "object", "properties": {
-            "city": {"type": "string"}, "zip": {"type": "integer"}}, "required": ["city", "zip"], "additionalProperties": False}},
-         "required": ["name", "address"], "additionalProperties": False},
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "address": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+                    "required": ["city", "zip"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["name", "address"],
+            "additionalProperties": False,
+        },
         {"name": "Ada Lovelace", "address": {"city": "London", "zip": 12345}},
     ),
     "enum": (
-        {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}}, "required": ["colour"],
-         "additionalProperties": False},
+        {
+            "type": "object",
+            "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+            "required": ["colour"],
+            "additionalProperties": False,
+        },
         {"colour": "green"},
     ),
     "array": (
-        {"type": "object", "properties": {"primes": {"type": "array", "items": {"type": "integer"}}}, "required": ["primes"],
-         "additionalProperties": False},
+        {
+            "type": "object",
+            "properties": {"primes": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["primes"],
+            "additionalProperties": False,
+        },
         {"primes": [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]},
     ),
 }
@@ -52,7 +72,9 @@ SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
 Stepper = Callable[[int], None]  # compute the mask, then advance by the given token
 
 
-def llguidance_builder(tok: BPETokenizer, eos: int) -> Callable[[dict[str, Any]], tuple[Callable[[], None], Callable[[int], None]]]:
+def llguidance_builder(
+    tok: BPETokenizer, eos: int
+) -> Callable[[dict[str, Any]], tuple[Callable[[], None], Callable[[int], None]]]:
     import llguidance
     import llguidance.torch as lt
 
@@ -64,12 +86,16 @@ def llguidance_builder(tok: BPETokenizer, eos: int) -> Callable[[dict[str, Any]]
     def build(schema: dict[str, Any]) -> tuple[Callable[[], None], Callable[[int], None]]:
         matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_json_schema(schema))
         assert not matcher.is_error(), matcher.get_error()
-        return (lambda: lt.fill_next_token_bitmask(matcher, mask)), (lambda t: None if matcher.consume_token(t) else sys.exit(matcher.get_error()))
+        return (lambda: lt.fill_next_token_bitmask(matcher, mask)), (
+            lambda t: None if matcher.consume_token(t) else sys.exit(matcher.get_error())
+        )
 
     return build
 
 
-def outlines_builder(tok: BPETokenizer, eos: int) -> Callable[[dict[str, Any]], tuple[Callable[[], None], Callable[[int], None]]]:
+def outlines_builder(
+    tok: BPETokenizer, eos: int
+) -> Callable[[dict[str, Any]], tuple[Callable[[], None], Callable[[int], None]]]:
     import outlines_core
     import torch
 
@@ -83,21 +109,29 @@ def outlines_builder(tok: BPETokenizer, eos: int) -> Callable[[dict[str, Any]], 
     def build(schema: dict[str, Any]) -> tuple[Callable[[], None], Callable[[int], None]]:
         regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(schema))
         guide = outlines_core.Guide(outlines_core.Index(regex, vocabulary))
-        return (lambda: guide.write_mask_into(mask.data_ptr(), mask.numel(), mask.element_size())), (lambda t: guide.advance(t))
+        return (lambda: guide.write_mask_into(mask.data_ptr(), mask.numel(), mask.element_size())), (
+            lambda t: guide.advance(t)
+        )
 
     return build
 
 
-def xgrammar_builder(tok: BPETokenizer, eos: int) -> Callable[[dict[str, Any]], tuple[Callable[[], None], Callable[[int], None]]]:
+def xgrammar_builder(
+    tok: BPETokenizer, eos: int
+) -> Callable[[dict[str, Any]], tuple[Callable[[], None], Callable[[int], None]]]:
     import xgrammar
 
-    info = xgrammar.TokenizerInfo(list(tok.token_bytes), vocab_type=xgrammar.VocabType.RAW, vocab_size=tok.vocab_size, stop_token_ids=[eos])
+    info = xgrammar.TokenizerInfo(
+        list(tok.token_bytes), vocab_type=xgrammar.VocabType.RAW, vocab_size=tok.vocab_size, stop_token_ids=[eos]
+    )
     compiler = xgrammar.GrammarCompiler(info)
     mask = xgrammar.allocate_token_bitmask(1, tok.vocab_size)
 
     def build(schema: dict[str, Any]) -> tuple[Callable[[], None], Callable[[int], None]]:
         matcher = xgrammar.GrammarMatcher(compiler.compile_json_schema(json.dumps(schema)))
-        return (lambda: matcher.fill_next_token_bitmask(mask)), (lambda t: None if matcher.accept_token(t) else sys.exit("xgrammar refused"))
+        return (lambda: matcher.fill_next_token_bitmask(mask)), (
+            lambda t: None if matcher.accept_token(t) else sys.exit("xgrammar refused")
+        )
 
     return build
 
@@ -110,8 +144,14 @@ def main() -> None:
     tok = BPETokenizer(gguf.tokenizer_data())
     eos = tok.special_ids["<|im_end|>"]
     print(f"vocabulary: {tok.vocab_size} tokens; {os.cpu_count()} CPUs")
-    print(f"{'library':<14} {'schema':<14} {'compile ms':>10} {'tokens':>6} {'mask p50 µs':>12} {'p99 µs':>8} {'mean µs':>8} {'request ms':>10}")
-    for name, make in (("llguidance", llguidance_builder), ("outlines-core", outlines_builder), ("xgrammar", xgrammar_builder)):
+    print(
+        f"{'library':<14} {'schema':<14} {'compile ms':>10} {'tokens':>6} {'mask p50 µs':>12} {'p99 µs':>8} {'mean µs':>8} {'request ms':>10}"
+    )
+    for name, make in (
+        ("llguidance", llguidance_builder),
+        ("outlines-core", outlines_builder),
+        ("xgrammar", xgrammar_builder),
+    ):
         try:
             build = make(tok, eos)
         except ImportError as exc:
@@ -130,7 +170,9 @@ def main() -> None:
                 advance(token)
             times.sort()
             p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-            print(f"{name:<14} {label:<14} {compile_ms:>10.1f} {len(tokens):>6} {statistics.median(times):>12.1f} {p99:>8.1f} {statistics.mean(times):>8.1f} {compile_ms + sum(times) / 1000:>10.2f}")
+            print(
+                f"{name:<14} {label:<14} {compile_ms:>10.1f} {len(tokens):>6} {statistics.median(times):>12.1f} {p99:>8.1f} {statistics.mean(times):>8.1f} {compile_ms + sum(times) / 1000:>10.2f}"
+            )
     in_the_engine()
 
 
@@ -143,8 +185,13 @@ def in_the_engine() -> None:
     from inference.trace import Finished, Sampled, TraceLevel
 
     pipeline = ChatPipeline(load_model())
-    schema = {**SCHEMAS["nested object"][0], "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
-    question: list[Message] = [{"role": "user", "content": "Who was Ada Lovelace and where did she live? Answer in JSON."}]
+    schema = {
+        **SCHEMAS["nested object"][0],
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+    }
+    question: list[Message] = [
+        {"role": "user", "content": "Who was Ada Lovelace and where did she live? Answer in JSON."}
+    ]
     print("\nin the engine (" + pipeline.loaded.weights_description + "), one greedy answer, decode ms per token:")
     for label, grammar in (("free text", None), ("JSON schema", "start: %json " + json.dumps(schema))):
         best = None

@@ -38,7 +38,10 @@ FILLER = (
     "The history of the printing press begins in the fifteenth century, when movable type changed how "
     "books were made, sold and read across Europe. "
 )
-STORY: list[Message] = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Tell me a long story about a dragon."}]
+STORY: list[Message] = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Tell me a long story about a dragon."},
+]
 LEVELS = ("off", "summary", "full")
 
 
@@ -77,38 +80,62 @@ def child(weights: str, lengths: list[int], n: int, repeats: int) -> dict[str, A
     def prefill(length: int) -> None:
         prompt = (ids * (length // len(ids) + 1))[:length]
         with torch.inference_mode():
-            loaded.model(torch.tensor(prompt), loaded.model.plan([Chunk(0, 0, length)]), loaded.model.new_cache(1, length))
+            loaded.model(
+                torch.tensor(prompt), loaded.model.plan([Chunk(0, 0, length)]), loaded.model.new_cache(1, length)
+            )
 
     def decode_rate(level: TraceLevel) -> float:
         scheduler = Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes)
         prompt = loaded.chat_template.render(STORY).ids
-        scheduler.add(SequenceRequest("bench", prompt, SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), level))
+        scheduler.add(
+            SequenceRequest("bench", prompt, SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), level)
+        )
         times: list[float] = []
         while len(times) < n + 1:
             times += [e.t for output in scheduler.step() for e in output.events if isinstance(e, Sampled)]
         return n / (times[-1] - times[0])
 
-    prefill_rates = {str(length): length / median_time(lambda length=length: prefill(length), repeats) for length in lengths}
+    prefill_rates = {
+        str(length): length / median_time(lambda length=length: prefill(length), repeats) for length in lengths
+    }
     decode_rate(TraceLevel.OFF)  # warm-up
     decode: dict[str, list[float]] = {level: [] for level in LEVELS}
     for _ in range(repeats):  # levels interleaved, so a noisy moment does not land on one level alone
         for level in LEVELS:
             decode[level].append(decode_rate(TraceLevel(level)))
-    return {"weights": loaded.weights_description, "load_seconds": loaded.load_seconds, "prefill": prefill_rates,
-            "decode": {level: statistics.median(rates) for level, rates in decode.items()}, "peak_rss_mib": peak_rss_mib()}
+    return {
+        "weights": loaded.weights_description,
+        "load_seconds": loaded.load_seconds,
+        "prefill": prefill_rates,
+        "decode": {level: statistics.median(rates) for level, rates in decode.items()},
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def run_child(weights: str, args: argparse.Namespace, prompt_tokens: str | None = None) -> dict[str, Any] | None:
     """One format in a child process; `prompt_tokens` "" measures decoding only."""
-    command = [sys.executable, __file__, "--child", weights, "--prompt-tokens", args.prompt_tokens if prompt_tokens is None else prompt_tokens,
-               "--decode-tokens", str(args.decode_tokens), "--repeats", str(args.repeats)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        weights,
+        "--prompt-tokens",
+        args.prompt_tokens if prompt_tokens is None else prompt_tokens,
+        "--decode-tokens",
+        str(args.decode_tokens),
+        "--repeats",
+        str(args.repeats),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         print(f"{weights}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
         return None
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"  {weights:<6} {result['weights']}: decode off {result['decode']['off']:.1f} tok/s, peak RSS {result['peak_rss_mib']:.0f} MiB",
-          file=sys.stderr, flush=True)
+    print(
+        f"  {weights:<6} {result['weights']}: decode off {result['decode']['off']:.1f} tok/s, peak RSS {result['peak_rss_mib']:.0f} MiB",
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 
@@ -124,24 +151,59 @@ async def served(n: int) -> dict[str, Any]:
     env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"), "PYTHONUNBUFFERED": "1"}
     python = sys.executable
     subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
-    key = subprocess.run([python, "manage.py", "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0"],
-                         cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout.strip().split()[-1]
+    key = (
+        subprocess.run(
+            [
+                python,
+                "manage.py",
+                "createapikey",
+                "bench",
+                "--rpm",
+                "0",
+                "--tpm",
+                "0",
+                "--concurrent",
+                "0",
+                "--budget",
+                "0",
+            ],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .split()[-1]
+    )
     port = free_port()
     log = workdir / "server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(url, process, log)
 
-        body = {"model": "smollm2", "messages": STORY, "temperature": 0, "max_tokens": n + 1, "ignore_eos": True, "stream": True}
+        body = {
+            "model": "smollm2",
+            "messages": STORY,
+            "temperature": 0,
+            "max_tokens": n + 1,
+            "ignore_eos": True,
+            "stream": True,
+        }
 
         def is_token(line: bytes) -> bool:
-            return line.startswith(b"data: {") and b'"content"' in line and b'"content":""' not in line.replace(b" ", b"")
+            return (
+                line.startswith(b"data: {") and b'"content"' in line and b'"content":""' not in line.replace(b" ", b"")
+            )
 
         async def sse() -> float:
             """Read by the benchmarks' lean client: on two cores, a client that parses every chunk in Python takes CPU time
             from the server's own threads, and that cost belongs to the client, not to the serving path."""
+
             def read() -> list[float]:
                 lines = post_lines_blocking(f"{url}/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
                 return [time.perf_counter() for line in lines if is_token(line)]
@@ -152,17 +214,27 @@ async def served(n: int) -> dict[str, Any]:
         async def sse_httpx() -> float:
             """The same stream read by httpx line by line, as a Python application would."""
             stamps = []
-            async with httpx.AsyncClient(timeout=300) as client:
-                async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
-                    async for line in r.aiter_lines():
-                        if is_token(line.encode()):
-                            stamps.append(time.perf_counter())
+            async with httpx.AsyncClient(timeout=300) as client, client.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
+                async for line in r.aiter_lines():
+                    if is_token(line.encode()):
+                        stamps.append(time.perf_counter())
             return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
         async def socket() -> float:
             stamps = []
             async with websockets.connect(f"ws://127.0.0.1:{port}/ws/pipeline/", origin=url, max_size=None) as ws:  # type: ignore[arg-type]
-                await ws.send(json.dumps({"type": "chat", "messages": STORY, "level": "summary", "params": {"temperature": 0, "max_tokens": n + 1}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "chat",
+                            "messages": STORY,
+                            "level": "summary",
+                            "params": {"temperature": 0, "max_tokens": n + 1},
+                        }
+                    )
+                )
                 async for raw in ws:
                     frame = json.loads(raw)
                     if frame["type"] == "trace" and frame["event"]["event"] == "sampled":
@@ -177,16 +249,35 @@ async def served(n: int) -> dict[str, Any]:
             sse_rates.append(await sse())
             httpx_rates.append(await sse_httpx())
             socket_rates.append(await socket())
-        return {"sse": statistics.median(sse_rates), "sse_httpx": statistics.median(httpx_rates), "websocket_summary": statistics.median(socket_rates),
-                "peak_rss_mib": peak_rss_mib(process.pid)}
+        return {
+            "sse": statistics.median(sse_rates),
+            "sse_httpx": statistics.median(httpx_rates),
+            "websocket_summary": statistics.median(socket_rates),
+            "peak_rss_mib": peak_rss_mib(process.pid),
+        }
     finally:
         stop(process)
 
 
-def bench_llamacpp(python: str, model: str, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int, threads: int) -> dict[str, Any] | None:
-    job = {"model": model, "prompts": prompts, "decode_prompt": decode_prompt, "decode_tokens": n, "repeats": repeats, "threads": threads}
+def bench_llamacpp(
+    python: str, model: str, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int, threads: int
+) -> dict[str, Any] | None:
+    job = {
+        "model": model,
+        "prompts": prompts,
+        "decode_prompt": decode_prompt,
+        "decode_tokens": n,
+        "repeats": repeats,
+        "threads": threads,
+    }
     try:
-        done = subprocess.run([python, str(Path(__file__).with_name("llamacpp_side.py"))], input=json.dumps(job), capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [python, str(Path(__file__).with_name("llamacpp_side.py"))],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"llama.cpp side failed to run: {exc}", file=sys.stderr)
         return None
@@ -207,7 +298,11 @@ def find_llamacpp_python(requested: str | None) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights", default="auto,int4,bf16,fp32,int8", help="weight formats (ROUNDTRIP_WEIGHTS values), comma-separated")
+    parser.add_argument(
+        "--weights",
+        default="auto,int4,bf16,fp32,int8",
+        help="weight formats (ROUNDTRIP_WEIGHTS values), comma-separated",
+    )
     parser.add_argument("--prompt-tokens", default="27,128,512", help="prefill lengths, comma-separated")
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -222,10 +317,10 @@ def main() -> None:
 
     import torch
 
-    from inference.loader import default_model_path
-    from inference.gguf_file import GGUFFile
-    from inference.tokenizer import BPETokenizer
     from inference.chat_template import ChatTemplate
+    from inference.gguf_file import GGUFFile
+    from inference.loader import default_model_path
+    from inference.tokenizer import BPETokenizer
 
     path = default_model_path()
     gguf = GGUFFile(path)
@@ -239,15 +334,28 @@ def main() -> None:
     if server is not None:  # the in-process rate again, right after serving: a machine's speed drifts over minutes
         server["in_process"] = run_child("auto" if "auto" in results else next(iter(results)), args, prompt_tokens="")
     python = find_llamacpp_python(args.llamacpp_python)
-    theirs = bench_llamacpp(python, path, prompts, decode_prompt, args.decode_tokens, args.repeats, torch.get_num_threads()) if python else None
+    theirs = (
+        bench_llamacpp(python, path, prompts, decode_prompt, args.decode_tokens, args.repeats, torch.get_num_threads())
+        if python
+        else None
+    )
     report(results, server, theirs, lengths, args.decode_tokens, path)
 
 
-def report(results: dict[str, dict[str, Any]], server: dict[str, Any] | None, theirs: dict[str, Any] | None, lengths: list[int], n: int, path: str) -> None:
+def report(
+    results: dict[str, dict[str, Any]],
+    server: dict[str, Any] | None,
+    theirs: dict[str, Any] | None,
+    lengths: list[int],
+    n: int,
+    path: str,
+) -> None:
     import torch
 
     ref = f"llama.cpp {theirs['version']}" if theirs else "llama.cpp: not built"
-    print(f"\nmodel {path}\ntorch {torch.__version__}, {torch.get_num_threads()} threads; {ref}; tokens/s, higher is better")
+    print(
+        f"\nmodel {path}\ntorch {torch.__version__}, {torch.get_num_threads()} threads; {ref}; tokens/s, higher is better"
+    )
     names = list(results)
     print(f"\n{'':<30}" + "".join(f"{w:>12}" for w in names) + f"{'llama.cpp':>12}")
     print(f"{'format':<30}" + "".join(f"{results[w]['weights'].split(',')[0]:>12}" for w in names))
@@ -257,24 +365,38 @@ def report(results: dict[str, dict[str, Any]], server: dict[str, Any] | None, th
         print(f"{label:<30}{cells}" + (f"{other:>12.1f}" if other else f"{'-':>12}"))
 
     for length in lengths:
-        row(f"prefill {length} tokens", [results[w]["prefill"][str(length)] for w in names], theirs["prefill"][str(length)] if theirs else None)
+        row(
+            f"prefill {length} tokens",
+            [results[w]["prefill"][str(length)] for w in names],
+            theirs["prefill"][str(length)] if theirs else None,
+        )
     for level in LEVELS:
-        row(f"decode {n}, trace {level}", [results[w]["decode"][level] for w in names], theirs["decode"] if theirs and level == "off" else None)
+        row(
+            f"decode {n}, trace {level}",
+            [results[w]["decode"][level] for w in names],
+            theirs["decode"] if theirs and level == "off" else None,
+        )
     row("peak RSS, MiB (lower is better)", [results[w]["peak_rss_mib"] for w in names])
     print()
     for w in names:
         d = results[w]["decode"]
         ratio = f", decode at summary / llama.cpp {d['summary'] / theirs['decode']:.2f}x" if theirs else ""
-        print(f"{w} ({results[w]['weights']}): trace cost summary {100 * (d['off'] / d['summary'] - 1):+.1f}%, "
-              f"full {d['off'] / d['full']:.2f}x the time of off{ratio}")
+        print(
+            f"{w} ({results[w]['weights']}): trace cost summary {100 * (d['off'] / d['summary'] - 1):+.1f}%, "
+            f"full {d['off'] / d['full']:.2f}x the time of off{ratio}"
+        )
     if server is not None:
         again = server.get("in_process")
         base = again["decode"] if again else results.get("auto", next(iter(results.values())))["decode"]
-        print(f"\nin-process again right after serving: decode off {base['off']:.1f}, summary {base['summary']:.1f} tok/s")
-        print(f"served (default settings): SSE {server['sse']:.1f} tok/s ({server['sse'] / base['off']:.0%} of in-process off), "
-              f"WebSocket at summary {server['websocket_summary']:.1f} tok/s ({server['websocket_summary'] / base['summary']:.0%} of in-process summary), "
-              f"server peak RSS {server['peak_rss_mib']:.0f} MiB\n  (SSE read by httpx line by line: {server['sse_httpx']:.1f} tok/s, "
-              f"{server['sse_httpx'] / base['off']:.0%}: the client's own parsing shares the two cores)")
+        print(
+            f"\nin-process again right after serving: decode off {base['off']:.1f}, summary {base['summary']:.1f} tok/s"
+        )
+        print(
+            f"served (default settings): SSE {server['sse']:.1f} tok/s ({server['sse'] / base['off']:.0%} of in-process off), "
+            f"WebSocket at summary {server['websocket_summary']:.1f} tok/s ({server['websocket_summary'] / base['summary']:.0%} of in-process summary), "
+            f"server peak RSS {server['peak_rss_mib']:.0f} MiB\n  (SSE read by httpx line by line: {server['sse_httpx']:.1f} tok/s, "
+            f"{server['sse_httpx'] / base['off']:.0%}: the client's own parsing shares the two cores)"
+        )
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from contextlib import contextmanager
-from typing import Iterator
 
 import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,11 +38,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.lean_stream import HTTPStatusError, IncompleteAnswer, post_lines  # noqa: E402
+
 LLAMACPP = Path.home() / ".cache" / "llamacpp-reference"
-TOPICS = ["a lighthouse keeper", "the first moon landing", "a clockmaker's apprentice", "a city under the sea", "an old violin",
-          "a desert caravan", "a robot learning to paint", "the last library", "a storm at sea", "a mountain village",
-          "a time traveller's diary", "a garden on Mars", "a lost dog finding home", "the invention of paper", "a night train",
-          "a chess tournament"]
+TOPICS = [
+    "a lighthouse keeper",
+    "the first moon landing",
+    "a clockmaker's apprentice",
+    "a city under the sea",
+    "an old violin",
+    "a desert caravan",
+    "a robot learning to paint",
+    "the last library",
+    "a storm at sea",
+    "a mountain village",
+    "a time traveller's diary",
+    "a garden on Mars",
+    "a lost dog finding home",
+    "the invention of paper",
+    "a night train",
+    "a chess tournament",
+]
 
 
 @dataclass
@@ -58,21 +73,35 @@ class Level:
     streams: int
     results: list[Result]
     seconds: float
-    engine: dict[str, float] = field(default_factory=dict)  # the server's own step clock over the level, where it has one
+    engine: dict[str, float] = field(
+        default_factory=dict
+    )  # the server's own step clock over the level, where it has one
 
     @property
     def tokens(self) -> int:
         return sum(r.tokens for r in self.results)
 
     def stat(self, values: list[float], q: float) -> float:
-        return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else (values[0] if values else float("nan"))
+        return (
+            statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+            if len(values) > 1
+            else (values[0] if values else float("nan"))
+        )
 
     def row(self) -> dict[str, float]:
         ttfts = [r.ttft for r in self.results if r.ttft is not None]
         gaps = [g for r in self.results for g in r.gaps]
-        return {"streams": self.streams, "requests": len(self.results), "errors": sum(bool(r.error) for r in self.results),
-                "tok_s": self.tokens / self.seconds, "ttft_p50": self.stat(ttfts, 50), "ttft_p99": self.stat(ttfts, 99),
-                "itl_p50": self.stat(gaps, 50), "itl_p99": self.stat(gaps, 99), **self.engine}
+        return {
+            "streams": self.streams,
+            "requests": len(self.results),
+            "errors": sum(bool(r.error) for r in self.results),
+            "tok_s": self.tokens / self.seconds,
+            "ttft_p50": self.stat(ttfts, 50),
+            "ttft_p99": self.stat(ttfts, 99),
+            "itl_p50": self.stat(gaps, 50),
+            "itl_p99": self.stat(gaps, 99),
+            **self.engine,
+        }
 
 
 def engine_totals(url: str) -> dict[str, float] | None:
@@ -105,13 +134,23 @@ def engine_row(before: dict[str, float] | None, after: dict[str, float] | None) 
     if before is None or after is None or after["steps"] <= before["steps"]:
         return {}
     steps = after["steps"] - before["steps"]
-    return {"step_ms": (after["step_seconds"] - before["step_seconds"]) / steps * 1000,
-            "delivery_ms": (after["delivery_seconds"] - before["delivery_seconds"]) / steps * 1000, "batch": (after["rows"] - before["rows"]) / steps}
+    return {
+        "step_ms": (after["step_seconds"] - before["step_seconds"]) / steps * 1000,
+        "delivery_ms": (after["delivery_seconds"] - before["delivery_seconds"]) / steps * 1000,
+        "batch": (after["rows"] - before["rows"]) / steps,
+    }
 
 
 async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: int) -> Result:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     result = Result()
     started = time.perf_counter()
     last = None
@@ -140,7 +179,10 @@ async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: i
 
 
 async def run_level(url: str, key: str, model: str, streams: int, rounds: int, max_tokens: int, offset: int) -> Level:
-    prompts = iter(f"Request {offset + i}: write a long, detailed story about {TOPICS[(offset + i) % len(TOPICS)]}." for i in range(streams * rounds))
+    prompts = iter(
+        f"Request {offset + i}: write a long, detailed story about {TOPICS[(offset + i) % len(TOPICS)]}."
+        for i in range(streams * rounds)
+    )
     results: list[Result] = []
 
     async def stream_client() -> None:
@@ -161,8 +203,12 @@ def sweep(name: str, url: str, key: str, model: str, levels: list[int], rounds: 
         level.engine = engine_row(before, engine_totals(url))
         out.append(level)
         r = level.row()
-        print(f"  {name:<12} {streams:>3} streams: {r['tok_s']:7.1f} tok/s, TTFT p50 {r['ttft_p50'] * 1000:7.0f} ms, "
-              f"ITL p50 {r['itl_p50'] * 1000:6.1f} ms p99 {r['itl_p99'] * 1000:6.1f} ms, errors {r['errors']}", file=sys.stderr, flush=True)
+        print(
+            f"  {name:<12} {streams:>3} streams: {r['tok_s']:7.1f} tok/s, TTFT p50 {r['ttft_p50'] * 1000:7.0f} ms, "
+            f"ITL p50 {r['itl_p50'] * 1000:6.1f} ms p99 {r['itl_p99'] * 1000:6.1f} ms, errors {r['errors']}",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
@@ -199,17 +245,45 @@ def free_port() -> int:
 
 @contextmanager
 def roundtrip_server(workdir: Path, levels: list[int], model_path: str) -> Iterator[tuple[str, str] | None]:
-    env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"), "ROUNDTRIP_DEBUG": "0", "ROUNDTRIP_SECRET_KEY": "bench",
-           "ROUNDTRIP_MAX_BATCH": str(max(levels)), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"),
+        "ROUNDTRIP_DEBUG": "0",
+        "ROUNDTRIP_SECRET_KEY": "bench",
+        "ROUNDTRIP_MAX_BATCH": str(max(levels)),
+        "PYTHONUNBUFFERED": "1",
+    }
     if model_path:
         env["ROUNDTRIP_MODEL_PATH"] = model_path
     python = sys.executable
     subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
-    key = subprocess.run([python, "manage.py", "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0"], cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout.strip()
+    key = subprocess.run(
+        [
+            python,
+            "manage.py",
+            "createapikey",
+            "bench",
+            "--rpm",
+            "0",
+            "--tpm",
+            "0",
+            "--concurrent",
+            "0",
+            "--budget",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     port = free_port()
     log = workdir / "roundtrip.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_for(f"http://127.0.0.1:{port}", process, log)
         yield f"http://127.0.0.1:{port}/v1", key
@@ -227,9 +301,25 @@ def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int
     port = free_port()
     log = workdir / "llama-server.log"
     parallel = max(levels)
-    command = [str(binary), "-m", model_path, "-t", str(threads), "--parallel", str(parallel), "-c", str(parallel * 512), "--port", str(port), "--host", "127.0.0.1"]
+    command = [
+        str(binary),
+        "-m",
+        model_path,
+        "-t",
+        str(threads),
+        "--parallel",
+        str(parallel),
+        "-c",
+        str(parallel * 512),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+    ]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, env={**os.environ, "LD_LIBRARY_PATH": str(LLAMACPP / "lib")}, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env={**os.environ, "LD_LIBRARY_PATH": str(LLAMACPP / "lib")}, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_for(f"http://127.0.0.1:{port}", process, log)
         yield f"http://127.0.0.1:{port}/v1", "none"
@@ -261,36 +351,55 @@ def main() -> None:
         workdir = Path(tmp)
         with roundtrip_server(workdir, levels, args.model) as target:
             if target is not None:
-                table["roundtrip"] = [lv.row() for lv in sweep("roundtrip", *target, "smollm2", levels, args.rounds, args.max_tokens)]
+                table["roundtrip"] = [
+                    lv.row() for lv in sweep("roundtrip", *target, "smollm2", levels, args.rounds, args.max_tokens)
+                ]
         if not args.skip_llamacpp:
             with llama_server(workdir, levels, model_path, threads) as target:
                 if target is not None:
-                    table["llama-server"] = [lv.row() for lv in sweep("llama-server", *target, "default", levels, args.rounds, args.max_tokens)]
+                    table["llama-server"] = [
+                        lv.row()
+                        for lv in sweep("llama-server", *target, "default", levels, args.rounds, args.max_tokens)
+                    ]
     report(table, levels, args.max_tokens, model_path, threads)
     if args.output:
         Path(args.output).write_text(json.dumps(table, indent=2))
 
 
-def report(table: dict[str, list[dict[str, float]]], levels: list[int], max_tokens: int, model_path: str, threads: int) -> None:
-    print(f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {threads} CPU threads; client on the same machine")
-    header = (f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
-              f"{'step avg':>10}{'delivery':>10}{'batch':>7}")
+def report(
+    table: dict[str, list[dict[str, float]]], levels: list[int], max_tokens: int, model_path: str, threads: int
+) -> None:
+    print(
+        f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {threads} CPU threads; client on the same machine"
+    )
+    header = (
+        f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
+        f"{'step avg':>10}{'delivery':>10}{'batch':>7}"
+    )
     print(header)
     for name, rows in table.items():
         for r in rows:
-            print(f"{name:<14}{r['streams']:>8}{r['requests']:>9}{r['tok_s']:>9.1f}{r['ttft_p50'] * 1000:>8.0f}ms{r['ttft_p99'] * 1000:>8.0f}ms"
-                  f"{r['itl_p50'] * 1000:>7.1f}ms{r['itl_p99'] * 1000:>7.1f}ms{r['errors']:>7}"
-                  + (f"{r['step_ms']:>8.1f}ms{r['delivery_ms']:>8.1f}ms{r['batch']:>7.1f}" if "step_ms" in r else ""))
+            print(
+                f"{name:<14}{r['streams']:>8}{r['requests']:>9}{r['tok_s']:>9.1f}{r['ttft_p50'] * 1000:>8.0f}ms{r['ttft_p99'] * 1000:>8.0f}ms"
+                f"{r['itl_p50'] * 1000:>7.1f}ms{r['itl_p99'] * 1000:>7.1f}ms{r['errors']:>7}"
+                + (f"{r['step_ms']:>8.1f}ms{r['delivery_ms']:>8.1f}ms{r['batch']:>7.1f}" if "step_ms" in r else "")
+            )
     ours = {r["streams"]: r for r in table.get("roundtrip", [])}
     theirs = {r["streams"]: r for r in table.get("llama-server", [])}
     if 1 in ours and 8 in ours:
         print(f"\naggregate at 8 streams / single stream: {ours[8]['tok_s'] / ours[1]['tok_s']:.2f}x (bar: >= 3)")
-        print(f"ITL p99 at 8 streams / single-stream ITL p50: {ours[8]['itl_p99'] / ours[1]['itl_p50']:.2f}x (bar: <= 2)")
+        print(
+            f"ITL p99 at 8 streams / single-stream ITL p50: {ours[8]['itl_p99'] / ours[1]['itl_p50']:.2f}x (bar: <= 2)"
+        )
     if 1 in theirs and 8 in theirs:  # the same two measures of llama-server in the same run, for scale
-        print(f"  llama-server, for scale: {theirs[8]['tok_s'] / theirs[1]['tok_s']:.2f}x aggregate, "
-              f"{theirs[8]['itl_p99'] / theirs[1]['itl_p50']:.2f}x ITL")
+        print(
+            f"  llama-server, for scale: {theirs[8]['tok_s'] / theirs[1]['tok_s']:.2f}x aggregate, "
+            f"{theirs[8]['itl_p99'] / theirs[1]['itl_p50']:.2f}x ITL"
+        )
     if 16 in ours and 16 in theirs:
-        print(f"aggregate at 16 streams, roundtrip / llama-server: {ours[16]['tok_s'] / theirs[16]['tok_s']:.2f}x (bar: >= 2)")
+        print(
+            f"aggregate at 16 streams, roundtrip / llama-server: {ours[16]['tok_s'] / theirs[16]['tok_s']:.2f}x (bar: >= 2)"
+        )
 
 
 if __name__ == "__main__":

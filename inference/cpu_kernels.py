@@ -29,16 +29,19 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 log = logging.getLogger("roundtrip.inference")
 
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("q4_mm.cpp", "rms_norm.cpp", "decode_attention.cpp", "logit_rows.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name("kernels") / name
+    for name in ("q4_mm.cpp", "rms_norm.cpp", "decode_attention.cpp", "logit_rows.cpp")
+)
 HEADERS = (Path(__file__).with_name("kernels") / "simd.h",)
 BLOCK_N = 16  # outputs per block of q4_mm's packed layout
 GROUP = 32  # inputs per quantization group (the weights' and the activations')
@@ -61,7 +64,11 @@ ISAS = (  # best first
     Isa("avx512-vnni", _VNNI_FLAGS, _VNNI_CPU),
     Isa("avx2", ("-mavx2", "-mf16c", "-mfma"), ("avx2", "f16c", "fma")),
 )
-COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")  # products and sums rounded as written: see roped_decode_attention
+COMMON_FLAGS = (
+    "-O3",
+    "-fopenmp",
+    "-ffp-contract=off",
+)  # products and sums rounded as written: see roped_decode_attention
 
 _loaded: Isa | None = None  # set once `load` has loaded the library into this process
 AMX_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)  # batch sizes at which q4_mm's two paths are timed against each other
@@ -146,8 +153,11 @@ def choose_amx_rows(weights: list[tuple[Tensor, int, int]], rows: tuple[int, ...
                 best[r, amx] = min(best[r, amx], time.perf_counter() - started)
     wins = {r for r in rows if best[r, True] < best[r, False]}
     chosen = next((r for r in rows if all(later in wins for later in rows if later >= r)), 0)
-    log.info("q4_mm on AMX from %s rows (ms, vector / AMX: %s)", chosen or "no",
-             ", ".join(f"{r}: {best[r, False] * 1e3:.2f} / {best[r, True] * 1e3:.2f}" for r in rows))
+    log.info(
+        "q4_mm on AMX from %s rows (ms, vector / AMX: %s)",
+        chosen or "no",
+        ", ".join(f"{r}: {best[r, False] * 1e3:.2f} / {best[r, True] * 1e3:.2f}" for r in rows),
+    )
     return int(torch.ops.roundtrip.q4_mm_amx_from(chosen))
 
 
@@ -165,8 +175,13 @@ def load(cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> 
         root = SOURCES[0].parent.parent.parent
         # The builder runs `ninja` from PATH: put this interpreter's folder first, where requirements.txt installs it.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        done = subprocess.run([sys.executable, "-m", "inference.cpu_kernels_build", str(library), target.name], cwd=root, capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": str(root), "PATH": path})
+        done = subprocess.run(
+            [sys.executable, "-m", "inference.cpu_kernels_build", str(library), target.name],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(root), "PATH": path},
+        )
         if done.returncode != 0:
             log.warning("Roundtrip's CPU kernels did not build; the model runs on torch's:\n%s", done.stderr[-2000:])
             return False
@@ -189,10 +204,14 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     n, k = codes.shape
     nb, groups = n // BLOCK_N, k // GROUP
     quads = codes.view(nb, BLOCK_N, groups, 4, 2, 4)  # [N/16, 16, K/32, quad, half, 4]: input 8 quad + 4 half + j
-    nibbles = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, groups, 256)  # [N/16, K/32, quad*16*4]
+    nibbles = (
+        (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, groups, 256)
+    )  # [N/16, K/32, quad*16*4]
 
     def halves(values: Tensor) -> Tensor:
-        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)  # [N/16, K/32, 32]
+        return (
+            values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)
+        )  # [N/16, K/32, 32]
 
     return torch.cat([nibbles, halves(scales), halves(minimums)], dim=-1).contiguous()
 
@@ -232,8 +251,16 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, len
     return y
 
 
-def roped_decode_attention(qkv: Tensor, rotations: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor, heads: int,
-                           scale: float) -> Tensor:
+def roped_decode_attention(
+    qkv: Tensor,
+    rotations: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    slots: Tensor,
+    lengths: Tensor,
+    heads: int,
+    scale: float,
+) -> Tensor:
     """A decode step's attention in one call: qkv [n, (H + 2 KV) * hd] as the projection gives it; rotations [n, R, 2]
     (RoPE's cos and sin at each row's position). Rotates queries and keys as `inference.model.apply_rope` does (the same
     bits), stores keys and values at position lengths[i] - 1 of slot slots[i] in one layer of the cache [slots, KV,

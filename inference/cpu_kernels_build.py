@@ -23,8 +23,14 @@ def main(target: Path, isa: str) -> None:
     flags = COMMON_FLAGS + next(candidate for candidate in ISAS if candidate.name == isa).compiler_flags
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = load(name="roundtrip_cpu_kernels", sources=[str(source) for source in SOURCES], extra_cflags=list(flags), build_directory=scratch,
-                     is_python_module=False, verbose=False)
+        built = load(
+            name="roundtrip_cpu_kernels",
+            sources=[str(source) for source in SOURCES],
+            extra_cflags=list(flags),
+            build_directory=scratch,
+            is_python_module=False,
+            verbose=False,
+        )
         staged = target.with_suffix(f".{os.getpid()}.tmp")
         shutil.copyfile(str(built), staged)
         os.replace(staged, target)

@@ -9,8 +9,8 @@ all deltas equals decoding the whole sequence at once (up to a matched stop stri
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

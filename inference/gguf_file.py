@@ -8,8 +8,9 @@ errors that name the file and the problem.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
@@ -18,7 +19,12 @@ from gguf.quants import dequantize
 from inference.errors import ModelFileError
 
 # Metadata arrays too large to be worth copying into the plain metadata dict.
-_TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+_TOKENIZER_ARRAYS = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.scores",
+)
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,9 @@ class GGUFFile:
             minimums = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         else:  # Q4_0: w = (code - 8) * d
             minimums = -8 * scales
-        packed = blocks[..., header:]  # [N, K/32, 16]: element j in the low nibble of byte j, element j + 16 in the high one
+        packed = blocks[
+            ..., header:
+        ]  # [N, K/32, 16]: element j in the low nibble of byte j, element j + 16 in the high one
         codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, k)
         return codes, scales, minimums
 

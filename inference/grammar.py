@@ -14,9 +14,9 @@ by the web side without this library, so they travel through `SamplingParams` as
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
+from functools import lru_cache
 
 import llguidance
 import llguidance.numpy as llg_numpy  # not llguidance.torch: importing it compiles a kernel (dynamo, inductor: +130 MB, 3 s)
@@ -65,7 +65,9 @@ def compile_lark(lark: str) -> str:
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if error:
-        raise InvalidRequestError(f"This schema cannot be used for constrained decoding: {messages[0]}", "response_format")
+        raise InvalidRequestError(
+            f"This schema cannot be used for constrained decoding: {messages[0]}", "response_format"
+        )
     return grammar
 
 

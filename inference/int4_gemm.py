@@ -21,8 +21,8 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -56,7 +56,9 @@ def library_dir(cache_dir: Path) -> Path:
     return cache_dir / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def load(shapes: Sequence[Shape], cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> dict[Shape, Kernel] | None:
+def load(
+    shapes: Sequence[Shape], cache_dir: Path, report: Callable[[str], None] = lambda note: None
+) -> dict[Shape, Kernel] | None:
     """Kernels for `shapes`, building the missing ones (minutes, once); None where they cannot be used."""
     if os.environ.get("ROUNDTRIP_INT4_GEMM", "auto") == "off" or not torch._C._cpu._init_amx():
         return None
@@ -66,10 +68,16 @@ def load(shapes: Sequence[Shape], cache_dir: Path, report: Callable[[str], None]
     folder = library_dir(cache_dir)
     missing = [s for s in shapes if not (folder / f"int4-{s[0]}x{s[1]}.so").exists()]
     if missing:
-        report(f"building the int4 prompt kernel for {len(missing)} weight shapes (first start only, about {20 * len(missing)} s)")
-        command = [sys.executable, "-m", "inference.int4_gemm_build", str(folder)] + [str(d) for s in missing for d in s]
+        report(
+            f"building the int4 prompt kernel for {len(missing)} weight shapes (first start only, about {20 * len(missing)} s)"
+        )
+        command = [sys.executable, "-m", "inference.int4_gemm_build", str(folder)] + [
+            str(d) for s in missing for d in s
+        ]
         root = Path(__file__).resolve().parent.parent
-        done = subprocess.run(command, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+        done = subprocess.run(
+            command, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}
+        )
         if done.returncode != 0:
             log.warning("int4 GEMM build failed; prompts use the eager int4 kernel:\n%s", done.stderr[-2000:])
             return None

@@ -46,25 +46,35 @@ def _read_the_eager_layout() -> None:
 
     amx = micro.CppMicroGemmWoQInt4Amx
     replacements = [
-        ("        constexpr int64_t ldb_int4 = BLOCK_N / 2; // 16\n",
-         "        constexpr int64_t ldb_int4 = BLOCK_N / 2; // 16\n" + _EAGER_ROWS),
-        ("_mm_prefetch(B + (k + PREFETCH_SIZE_K) * ldb_int4, _MM_HINT_T0);",
-         "_mm_prefetch(B64 + (k + PREFETCH_SIZE_K) * 2 * ldb_int4, _MM_HINT_T0);"),
-        ("            __m128i b4 = _mm_loadu_si128((__m128i*)(B + n / 2 * K + k * ldb_int4));\n"
-         "            b32[0] = _mm512_cvtepu8_epi32(b4);\n"
-         "            b32[1] = _mm512_srli_epi32(b32[0], 4);\n",
-         "            b32[0] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * ldb_int4))), nibble);\n"
-         "            b32[1] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * ldb_int4 + 16))), nibble);\n"),
-        ("            __m128i b4_2 = _mm_loadu_si128((__m128i*)(B + n / 2 * K + (k + 1) * ldb_int4));\n"
-         "            b32[0 + COLS] = _mm512_cvtepu8_epi32(b4_2);\n"
-         "            b32[1 + COLS] = _mm512_srli_epi32(b32[0 + COLS], 4);\n",
-         "            b32[0 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + 1) * 2 * ldb_int4))), nibble);\n"
-         "            b32[1 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + 1) * 2 * ldb_int4 + 16))), nibble);\n"),
+        (
+            "        constexpr int64_t ldb_int4 = BLOCK_N / 2; // 16\n",
+            "        constexpr int64_t ldb_int4 = BLOCK_N / 2; // 16\n" + _EAGER_ROWS,
+        ),
+        (
+            "_mm_prefetch(B + (k + PREFETCH_SIZE_K) * ldb_int4, _MM_HINT_T0);",
+            "_mm_prefetch(B64 + (k + PREFETCH_SIZE_K) * 2 * ldb_int4, _MM_HINT_T0);",
+        ),
+        (
+            "            __m128i b4 = _mm_loadu_si128((__m128i*)(B + n / 2 * K + k * ldb_int4));\n"
+            "            b32[0] = _mm512_cvtepu8_epi32(b4);\n"
+            "            b32[1] = _mm512_srli_epi32(b32[0], 4);\n",
+            "            b32[0] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * ldb_int4))), nibble);\n"
+            "            b32[1] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * ldb_int4 + 16))), nibble);\n",
+        ),
+        (
+            "            __m128i b4_2 = _mm_loadu_si128((__m128i*)(B + n / 2 * K + (k + 1) * ldb_int4));\n"
+            "            b32[0 + COLS] = _mm512_cvtepu8_epi32(b4_2);\n"
+            "            b32[1 + COLS] = _mm512_srli_epi32(b32[0 + COLS], 4);\n",
+            "            b32[0 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + 1) * 2 * ldb_int4))), nibble);\n"
+            "            b32[1 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + 1) * 2 * ldb_int4 + 16))), nibble);\n",
+        ),
     ]
     source = amx.TEMPLATE_ENTRY
     for old, new in replacements:
         if source.count(old) != 1:
-            raise RuntimeError(f"this torch's int4 AMX micro-kernel is not the one this build patches: {old.strip()[:60]!r}")
+            raise RuntimeError(
+                f"this torch's int4 AMX micro-kernel is not the one this build patches: {old.strip()[:60]!r}"
+            )
         source = source.replace(old, new)
     amx.TEMPLATE_ENTRY = source
     declare, extra_args = amx.get_kernel_extra_args_declare, amx.get_kernel_extra_args

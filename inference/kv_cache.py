@@ -23,7 +23,9 @@ def round_capacity(positions: int) -> int:
 
 
 class SlotCache:
-    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype, slots: int = 0, capacity: int = 0) -> None:
+    def __init__(
+        self, config: ModelConfig, device: torch.device, dtype: torch.dtype, slots: int = 0, capacity: int = 0
+    ) -> None:
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -34,7 +36,9 @@ class SlotCache:
         # Zeros, not empty: positions past a row's length are read (and masked) by batched attention,
         # and must be finite for the mask to remove them. Later writes only ever leave finite values.
         c = self.config
-        return torch.zeros((c.n_layers, slots, c.n_kv_heads, capacity, c.head_dim), device=self.device, dtype=self.dtype)
+        return torch.zeros(
+            (c.n_layers, slots, c.n_kv_heads, capacity, c.head_dim), device=self.device, dtype=self.dtype
+        )
 
     @property
     def slots(self) -> int:

@@ -52,7 +52,9 @@ def default_model_path() -> str:
 
 def pick_device(requested: str | None = None) -> torch.device:
     """`requested`, else `ROUNDTRIP_DEVICE`, else CUDA when present, else the CPU."""
-    return torch.device(requested or os.environ.get("ROUNDTRIP_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return torch.device(
+        requested or os.environ.get("ROUNDTRIP_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    )
 
 
 @dataclass
@@ -118,8 +120,13 @@ def load_model(
         if target.type == "cpu":
             cpu_kernels.load(weights_cache.cache_dir(), lambda note: report(LoadProgress("kernels", 0, 1, note)))
             cpu_kernels.activation_parts()  # a mistyped setting fails here, by name
-        plan, kernels = weight_choice.choose(config, target, setting, weights_cache.cache_dir() if use_cache else None,
-                                             lambda note: report(LoadProgress("kernels", 0, 1, note)))
+        plan, kernels = weight_choice.choose(
+            config,
+            target,
+            setting,
+            weights_cache.cache_dir() if use_cache else None,
+            lambda note: report(LoadProgress("kernels", 0, 1, note)),
+        )
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None
     state = weights_cache.load_weights(path, plan.key) if use_cache else None
@@ -130,9 +137,15 @@ def load_model(
         gguf = gguf or GGUFFile(path)
         missing = [n for n in expected_tensors(config, gguf) if not gguf.has_tensor(n)]
         if missing:
-            raise ModelFileError(path, f"tensor {missing[0]!r} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            raise ModelFileError(
+                path,
+                f"tensor {missing[0]!r} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+            )
         model_weights = read_weights(
-            gguf, config, plan, lambda done, total, name: report(LoadProgress("converting", done, total, f"{name} to {plan.describe()}"))
+            gguf,
+            config,
+            plan,
+            lambda done, total, name: report(LoadProgress("converting", done, total, f"{name} to {plan.describe()}")),
         )
         if use_cache:
             weights_cache.store_meta(path, meta)
@@ -157,7 +170,9 @@ def load_model(
         _attach_kernels(model, kernels, plan.gemm_above)
     if plan.q8 and "amx" in (cpu_kernels.loaded_isa() or ""):
         report(LoadProgress("kernels", 0, 1, "timing the int4 kernel on AMX against the vector units"))
-        cpu_kernels.choose_amx_rows([(m.packed, m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Q8)])
+        cpu_kernels.choose_amx_rows(
+            [(m.packed, m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Q8)]
+        )
     return_free_memory()
     report(LoadProgress("building", 2, 2, "ready"))
     return LoadedModel(

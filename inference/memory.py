@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
+from functools import cache
 
 
-@lru_cache(maxsize=None)
+@cache
 def _glibc(name: str) -> Callable[..., int] | None:
     try:
         function: Callable[..., int] = getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)  # glibc only

@@ -11,7 +11,8 @@ no extra work.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,12 @@ class ForwardProbe(Protocol):
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / rms(x) * weight: one pass per row through our CPU kernel when it is loaded (torch's runs six ops), else
     torch's (which accumulates in float32 for bfloat16 inputs)."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and cpu_kernels.is_loaded():
+    if (
+        x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and cpu_kernels.is_loaded()
+    ):
         return cpu_kernels.rms_norm(x, weight, eps)
     return F.rms_norm(x, weight.shape, weight, eps)
 
@@ -58,7 +64,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def rope_frequencies(config: ModelConfig, device: torch.device) -> Tensor:
     """Complex rotations [context_length, rope_dim / 2] for every position."""
     half = config.rope_dim // 2
-    inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, half, dtype=torch.float64, device=device) * 2 / config.rope_dim))
+    inv_freq = 1.0 / (
+        config.rope_base ** (torch.arange(0, half, dtype=torch.float64, device=device) * 2 / config.rope_dim)
+    )
     angles = torch.outer(torch.arange(config.context_length, dtype=torch.float64, device=device), inv_freq)
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
 
@@ -110,22 +118,41 @@ class Block(nn.Module):
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
         N = x.shape[0]
-        if plan.rotations is not None and plan.decode is not None and not probes:  # every token by the decode kernel: rotate, store, attend
+        if (
+            plan.rotations is not None and plan.decode is not None and not probes
+        ):  # every token by the decode kernel: rotate, store, attend
             keys, values = cache.layer(layer)
-            out = cpu_kernels.roped_decode_attention(self.attn_qkv(x).float(), plan.rotations, keys, values, plan.decode.slots, plan.decode.lengths,
-                                                     c.n_heads, c.head_dim**-0.5)  # [N, H * hd]
+            out = cpu_kernels.roped_decode_attention(
+                self.attn_qkv(x).float(),
+                plan.rotations,
+                keys,
+                values,
+                plan.decode.slots,
+                plan.decode.lengths,
+                c.n_heads,
+                c.head_dim**-0.5,
+            )  # [N, H * hd]
             return self.attn_output(out)
         qkv = self.attn_qkv(x).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
-        qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs, self.stream_dtype)  # [N, H + KV, hd]: one rotation for both
+        qk = apply_rope(
+            qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs, self.stream_dtype
+        )  # [N, H + KV, hd]: one rotation for both
         q, k = qk[:, : c.n_heads], qk[:, c.n_heads :]  # [N, H | KV, hd]
         v = qkv[:, c.n_heads + c.n_kv_heads :].to(self.stream_dtype)  # [N, KV, hd]
         cache.write(layer, plan, k, v)
         for token, probe in probes.items():
-            keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, int(plan.token_positions[token]) + 1)
+            keys, _ = cache.view(
+                layer,
+                int(plan.token_slots[token]),
+                int(plan.token_slots[token]) + 1,
+                int(plan.token_positions[token]) + 1,
+            )
             probe.on_attention(layer, q[token], keys[0].to(q.dtype))
         if plan.decode is not None:  # every token by the decode kernel, each over its own positions
             keys, values = cache.layer(layer)  # [slots, KV, capacity, hd] each
-            out = cpu_kernels.decode_attention(q, keys, values, plan.decode.slots, plan.decode.lengths, c.head_dim**-0.5)  # [N, H, hd]
+            out = cpu_kernels.decode_attention(
+                q, keys, values, plan.decode.slots, plan.decode.lengths, c.head_dim**-0.5
+            )  # [N, H, hd]
         else:
             out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
             for group in plan.groups:
@@ -151,7 +178,9 @@ def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, ou
     if t == 1:
         # Decode rows: fold each KV head's query heads into rows, so every cached key is read once.
         folded = qg.view(b, n_kv, group_size, hd)  # [b, KV, group, hd]
-        y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=g.mask).view(b, n_kv * group_size, hd)  # [b, H, hd]
+        y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=g.mask).view(
+            b, n_kv * group_size, hd
+        )  # [b, H, hd]
     else:
         y = F.scaled_dot_product_attention(
             qg.transpose(1, 2), keys, values, attn_mask=g.mask, is_causal=g.mask is None, enable_gqa=True
@@ -172,8 +201,13 @@ class Transformer(nn.Module):
 
     output_norm: Tensor
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, stream_dtype: torch.dtype = torch.float32,
-                 kv_cache_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        stream_dtype: torch.dtype = torch.float32,
+        kv_cache_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.stream_dtype = stream_dtype
@@ -237,7 +271,9 @@ class Transformer(nn.Module):
             return self.logits(x[rows])  # [n, V]
         # One pass through the 49k-row head for the step's rows and every probe's lens rows: a batch of a dozen
         # rows costs little more than one.
-        logits = self.logits(torch.cat([x[rows].to(self.dtype), *(streams.to(self.dtype) for _, streams in lens)]), refined_rows=n)
+        logits = self.logits(
+            torch.cat([x[rows].to(self.dtype), *(streams.to(self.dtype) for _, streams in lens)]), refined_rows=n
+        )
         offset = n
         for probe, streams in lens:
             probe.on_lens(logits[offset : offset + streams.shape[0]])
@@ -268,10 +304,17 @@ class Transformer(nn.Module):
         """The layout of a forward over `chunks` (see `inference.batch`), on this model's device and dtype."""
         if self.freqs_cis.device != self.device:
             self.freqs_cis = self.freqs_cis.to(self.device)  # moved once
-        fused = self.decode_kernel and self.config.rope_dim % 16 == 0  # the fused call turns whole vectors of pairs (16 floats with AVX512)
+        fused = (
+            self.decode_kernel and self.config.rope_dim % 16 == 0
+        )  # the fused call turns whole vectors of pairs (16 floats with AVX512)
         return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel, fused_rope=fused)
 
     @property
     def decode_kernel(self) -> bool:
         """Whether decode rows are attended by our kernel (float32 on a CPU that has it loaded)."""
-        return self.device.type == "cpu" and self.dtype == torch.float32 and self.config.head_dim in (32, 64, 128, 256) and cpu_kernels.is_loaded()
+        return (
+            self.device.type == "cpu"
+            and self.dtype == torch.float32
+            and self.config.head_dim in (32, 64, 128, 256)
+            and cpu_kernels.is_loaded()
+        )

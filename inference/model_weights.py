@@ -18,8 +18,9 @@ than on the layers' (a 4-bit head flips near-ties that llama.cpp's 8-bit one doe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -55,7 +56,9 @@ class ModelWeights:
 
     @property
     def nbytes(self) -> int:
-        projections = [self.output] + [p for b in self.blocks for p in (b.attn_qkv, b.attn_output, b.ffn_gate_up, b.ffn_down)]
+        projections = [self.output] + [
+            p for b in self.blocks for p in (b.attn_qkv, b.attn_output, b.ffn_gate_up, b.ffn_down)
+        ]
         if self.token_embd is not self.output:
             projections.append(self.token_embd)
         tensors = [self.output_norm] + [t for b in self.blocks for t in (b.attn_norm, b.ffn_norm)]
@@ -69,8 +72,14 @@ class ModelWeights:
             "output_norm": self.output_norm,
             "output": self.output.state(),
             "blocks": [
-                {"attn_norm": b.attn_norm, "attn_qkv": b.attn_qkv.state(), "attn_output": b.attn_output.state(),
-                 "ffn_norm": b.ffn_norm, "ffn_gate_up": b.ffn_gate_up.state(), "ffn_down": b.ffn_down.state()}
+                {
+                    "attn_norm": b.attn_norm,
+                    "attn_qkv": b.attn_qkv.state(),
+                    "attn_output": b.attn_output.state(),
+                    "ffn_norm": b.ffn_norm,
+                    "ffn_gate_up": b.ffn_gate_up.state(),
+                    "ffn_down": b.ffn_down.state(),
+                }
                 for b in self.blocks
             ],
         }
@@ -78,8 +87,14 @@ class ModelWeights:
     @classmethod
     def restore(cls, state: dict[str, Any], plan: WeightPlan) -> ModelWeights:
         blocks = [
-            BlockWeights(b["attn_norm"], w.restore(b["attn_qkv"]), w.restore(b["attn_output"]), b["ffn_norm"],
-                         w.restore(b["ffn_gate_up"]), w.restore(b["ffn_down"]))
+            BlockWeights(
+                b["attn_norm"],
+                w.restore(b["attn_qkv"]),
+                w.restore(b["attn_output"]),
+                b["ffn_norm"],
+                w.restore(b["ffn_gate_up"]),
+                w.restore(b["ffn_down"]),
+            )
             for b in state["blocks"]
         ]
         output = w.restore(state["output"])
@@ -125,7 +140,9 @@ def read(
     def projection(names: tuple[str, ...], shapes: list[tuple[int, int]]) -> w.Projection:
         parts = [source(n, s) for n, s in zip(names, shapes)]
         dense = torch.cat([d for d, _ in parts])
-        blocks = w.Q4Blocks.concat([b for _, b in parts if b is not None]) if all(b is not None for _, b in parts) else None
+        blocks = (
+            w.Q4Blocks.concat([b for _, b in parts if b is not None]) if all(b is not None for _, b in parts) else None
+        )
         return plan.build(dense, blocks)
 
     c = config
@@ -133,17 +150,26 @@ def read(
     blocks = []
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        blocks.append(BlockWeights(
-            attn_norm=vector(p + "attn_norm", c.dim),
-            attn_qkv=projection(tuple(p + n for n in ATTN_QKV), [(c.n_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim)]),
-            attn_output=projection((p + "attn_output",), [(c.dim, c.n_heads * hd)]),
-            ffn_norm=vector(p + "ffn_norm", c.dim),
-            ffn_gate_up=projection(tuple(p + n for n in FFN_GATE_UP), [(c.ffn_dim, c.dim), (c.ffn_dim, c.dim)]),
-            ffn_down=projection((p + "ffn_down",), [(c.dim, c.ffn_dim)]),
-        ))
+        blocks.append(
+            BlockWeights(
+                attn_norm=vector(p + "attn_norm", c.dim),
+                attn_qkv=projection(
+                    tuple(p + n for n in ATTN_QKV),
+                    [(c.n_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim)],
+                ),
+                attn_output=projection((p + "attn_output",), [(c.dim, c.n_heads * hd)]),
+                ffn_norm=vector(p + "ffn_norm", c.dim),
+                ffn_gate_up=projection(tuple(p + n for n in FFN_GATE_UP), [(c.ffn_dim, c.dim), (c.ffn_dim, c.dim)]),
+                ffn_down=projection((p + "ffn_down",), [(c.dim, c.ffn_dim)]),
+            )
+        )
+
     def head(name: str) -> w.Projection:
         q8 = gguf.q8_blocks(f"{name}.weight") if plan.decode.quantized else None
-        return plan.build_head(source(name, (c.vocab_size, c.dim))[0], None if q8 is None else (torch.from_numpy(q8[0]), torch.from_numpy(q8[1])))
+        return plan.build_head(
+            source(name, (c.vocab_size, c.dim))[0],
+            None if q8 is None else (torch.from_numpy(q8[0]), torch.from_numpy(q8[1])),
+        )
 
     token_embd = head("token_embd")
     output = head("output") if gguf.has_tensor("output.weight") else token_embd

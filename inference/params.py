@@ -59,6 +59,8 @@ class SamplingParams:
         if len(self.stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError(f"stop must be up to {MAX_STOP_STRINGS} non-empty strings", "stop")
         if any(not (math.isfinite(b) and -100 <= b <= 100) or token < 0 for token, b in self.logit_bias):
-            raise InvalidRequestError("logit_bias values must be between -100 and 100, keyed by token ids", "logit_bias")
+            raise InvalidRequestError(
+                "logit_bias values must be between -100 and 100, keyed by token ids", "logit_bias"
+            )
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise bad("top_logprobs", f"between 0 and {MAX_TOP_LOGPROBS}")

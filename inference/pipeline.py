@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generator, Mapping, Sequence
+from typing import Any
 
 from inference.chat_template import Message, Prompt
 from inference.errors import ContextLengthExceededError, PromptFarTooLongError
@@ -39,7 +40,9 @@ class PreparedRequest:
 class ChatPipeline:
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        self._longest_token = max((len(b) for b in loaded.tokenizer.token_bytes), default=1)  # characters one token can spell, at most
+        self._longest_token = max(
+            (len(b) for b in loaded.tokenizer.token_bytes), default=1
+        )  # characters one token can spell, at most
 
     def prepare(
         self,
@@ -78,7 +81,9 @@ class ChatPipeline:
             if text is not None:
                 prompt = self.loaded.chat_template.plain(text)
             else:
-                prompt = self.loaded.chat_template.render([*messages[:first], *messages[first + drop :]], tools=tools, continue_final=continue_final)
+                prompt = self.loaded.chat_template.render(
+                    [*messages[:first], *messages[first + drop :]], tools=tools, continue_final=continue_final
+                )
             fitted = params
             if fit_max_tokens and len(prompt.ids) < limit:
                 fitted = dataclasses.replace(params, max_tokens=min(params.max_tokens, limit - len(prompt.ids)))
@@ -116,7 +121,9 @@ class ChatPipeline:
     def _grammar(self, lark: str) -> Grammar:
         """The request's matcher (built here, off the engine thread: compiling a schema takes up to milliseconds)."""
         stops = self.loaded.stop_ids
-        eos = min(stops, key=lambda i: self.loaded.tokenizer.pieces[i] != "<|im_end|>")  # the turn's end, else any stop token
+        eos = min(
+            stops, key=lambda i: self.loaded.tokenizer.pieces[i] != "<|im_end|>"
+        )  # the turn's end, else any stop token
         return Grammar(lark, self.loaded.tokenizer, eos, sorted(stops))
 
     def sequence_request(
@@ -126,14 +133,37 @@ class ChatPipeline:
         prompt = request.prompt
         c = self.loaded.config
         context = ContextBuilt(
-            time.perf_counter(), prompt.segments, len(prompt.ids), request.params.max_tokens,
-            c.context_length, request.dropped_messages, c.rope_base, c.rope_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+            time.perf_counter(),
+            prompt.segments,
+            len(prompt.ids),
+            request.params.max_tokens,
+            c.context_length,
+            request.dropped_messages,
+            c.rope_base,
+            c.rope_dim,
+            c.n_layers,
+            c.n_heads,
+            c.n_kv_heads,
         )
-        return SequenceRequest(request_id, list(prompt.ids), request.params, level, step_mode, request.received_at,
-                               request.tokenize_seconds, context, request.grammar)
+        return SequenceRequest(
+            request_id,
+            list(prompt.ids),
+            request.params,
+            level,
+            step_mode,
+            request.received_at,
+            request.tokenize_seconds,
+            context,
+            request.grammar,
+        )
 
     def sequence_requests(
-        self, request: PreparedRequest, request_id: str, n: int = 1, level: TraceLevel = TraceLevel.OFF, step_mode: bool = False
+        self,
+        request: PreparedRequest,
+        request_id: str,
+        n: int = 1,
+        level: TraceLevel = TraceLevel.OFF,
+        step_mode: bool = False,
     ) -> list[SequenceRequest]:
         """`n` choices of one request: the first as `sequence_request` makes it; each other one (id "<id>#<i>") with
         seed + i, its own grammar matcher, and the first choice's prompt cache to start from."""
@@ -141,8 +171,11 @@ class ChatPipeline:
         seed = request.params.seed or 0
         others = [
             dataclasses.replace(
-                first, request_id=f"{request_id}#{i}", params=dataclasses.replace(request.params, seed=(seed + i) % 2**64),
-                grammar=self._grammar(request.params.grammar) if request.params.grammar else None, shares_prompt_with=request_id,
+                first,
+                request_id=f"{request_id}#{i}",
+                params=dataclasses.replace(request.params, seed=(seed + i) % 2**64),
+                grammar=self._grammar(request.params.grammar) if request.params.grammar else None,
+                shares_prompt_with=request_id,
             )
             for i in range(1, n)
         ]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor

@@ -18,8 +18,9 @@ from torch import Tensor
 
 from inference.trace import LayerDetail, LensGuess, Neuron
 
-
-LIVE_LENS_LAYERS = 6  # layers whose logit lens is computed while generating, after each half: 12 rows through the 49k-token head
+LIVE_LENS_LAYERS = (
+    6  # layers whose logit lens is computed while generating, after each half: 12 rows through the 49k-token head
+)
 TOP_NEURONS = 8  # feed-forward neurons reported per layer
 
 
@@ -99,18 +100,27 @@ class LayerProbe:
     def lens_streams(self) -> Tensor:
         """Each lens layer's stream after its attention half, then after the whole layer: [2 * lens layers, dim]."""
         self._lens_layers = self.lens if self.lens is not None else lens_layers(len(self._mid))
-        return torch.cat([torch.stack([self._mid[i] for i in self._lens_layers]), torch.stack([self._residuals[i + 1] for i in self._lens_layers])])
+        return torch.cat(
+            [
+                torch.stack([self._mid[i] for i in self._lens_layers]),
+                torch.stack([self._residuals[i + 1] for i in self._lens_layers]),
+            ]
+        )
 
     def on_lens(self, logits: Tensor) -> None:
         self._lens_logits = logits
 
     def _top_neurons(self) -> list[list[Neuron]]:
         """Per layer, the neurons that send the most into the down projection: largest |silu(gate) * up|."""
-        opened = F.silu(torch.stack(self._gates).float())  # [L, ffn]: how far each neuron's gate lets its up value through
+        opened = F.silu(
+            torch.stack(self._gates).float()
+        )  # [L, ffn]: how far each neuron's gate lets its up value through
         up = torch.stack(self._ups).float()  # [L, ffn]
         activation = opened * up
         top = activation.abs().topk(min(TOP_NEURONS, activation.shape[1]), dim=-1).indices  # [L, k]
-        values = torch.stack([opened.gather(1, top), up.gather(1, top), activation.gather(1, top)], dim=-1).tolist()  # [L, k, 3]
+        values = torch.stack(
+            [opened.gather(1, top), up.gather(1, top), activation.gather(1, top)], dim=-1
+        ).tolist()  # [L, k, 3]
         return [[Neuron(i, g, u, a) for i, (g, u, a) in zip(ids, rows)] for ids, rows in zip(top.tolist(), values)]
 
     def detail(self) -> LayerDetail:
@@ -123,7 +133,10 @@ class LayerProbe:
         best_p = (best_logit - torch.logsumexp(logits, dim=-1)).exp()
         guesses = [LensGuess(layer, i, p) for layer, i, p in zip(layers * 2, best_id.tolist(), best_p.tolist())]
         return LayerDetail(
-            attention=attention_weights(torch.stack(self._queries), torch.stack(self._keys)).to(torch.float16).cpu().numpy(),  # [L, H, S]
+            attention=attention_weights(torch.stack(self._queries), torch.stack(self._keys))
+            .to(torch.float16)
+            .cpu()
+            .numpy(),  # [L, H, S]
             residual_norms=stream.norm(dim=-1).tolist(),
             logit_lens=guesses[len(layers) :],
             attention_update_norms=(mid - stream[:-1]).norm(dim=-1).tolist(),

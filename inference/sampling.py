@@ -8,8 +8,8 @@ uniform draw, the chosen token's rank and log-probability.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -52,7 +52,9 @@ def summarize(logits: Tensor) -> list[RowSummary]:
 class Sampler:
     """Per-request sampler: owns the seeded generator and the token counts the penalties need."""
 
-    def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int], stop_ids: frozenset[int]) -> None:
+    def __init__(
+        self, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int], stop_ids: frozenset[int]
+    ) -> None:
         params.validate()
         self.params = params
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -61,15 +63,23 @@ class Sampler:
         self._seen[torch.tensor(list(prompt_ids), dtype=torch.long)] = True
         self._counts = torch.zeros(vocab_size, dtype=torch.float32)
         self._stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long)
-        self._penalised = (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) != (1.0, 0.0, 0.0) or bool(params.logit_bias)
+        self._penalised = (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) != (
+            1.0,
+            0.0,
+            0.0,
+        ) or bool(params.logit_bias)
         for token, _ in params.logit_bias:
             if token >= vocab_size:
-                raise InvalidRequestError(f"logit_bias names token {token}, but the vocabulary has {vocab_size} tokens", "logit_bias")
+                raise InvalidRequestError(
+                    f"logit_bias names token {token}, but the vocabulary has {vocab_size} tokens", "logit_bias"
+                )
         self._bias_map = dict(params.logit_bias)
         self._bias_ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
         self._bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
 
-    def sample(self, logits: Tensor, detail_top_n: int = 0, allowed: Tensor | None = None, summary: RowSummary | None = None) -> Sample:
+    def sample(
+        self, logits: Tensor, detail_top_n: int = 0, allowed: Tensor | None = None, summary: RowSummary | None = None
+    ) -> Sample:
         """Pick the next token from float32 logits [V]; with detail_top_n > 0, explain the decision.
         `allowed` (bool [V], from a grammar) removes every other token before the filters; `summary`, when the
         batch's rows were summarized at once, saves this row's own passes.
@@ -95,8 +105,14 @@ class Sampler:
         if p.top_logprobs:
             values, ids = torch.topk(logits, p.top_logprobs)
             top_logprobs = list(zip(ids.tolist(), (values - log_z).tolist()))
-        detail = self._explain(logits, log_z, unmasked, allowed, order, keep, final, draw, detail_top_n) if detail_top_n else None
-        certain_best = draw is None and not self._penalised and allowed is None  # greedy on the raw logits: the model's first choice
+        detail = (
+            self._explain(logits, log_z, unmasked, allowed, order, keep, final, draw, detail_top_n)
+            if detail_top_n
+            else None
+        )
+        certain_best = (
+            draw is None and not self._penalised and allowed is None
+        )  # greedy on the raw logits: the model's first choice
         return Sample(
             token_id=token,
             logprob=float(chosen - log_z),
@@ -148,7 +164,9 @@ class Sampler:
         if p.min_p > 0.0:
             keep[(keep == 0) & (top < p.min_p * top[0])] = 3
             tail_kept = tail_kept and float(top[-1]) >= p.min_p * float(top[0])
-        keep[top == 0] = 4  # -inf logits: removed by the grammar (a sorted head reaches them when few tokens are allowed)
+        keep[top == 0] = (
+            4  # -inf logits: removed by the grammar (a sorted head reaches them when few tokens are allowed)
+        )
         final = torch.where(keep == 0, top, 0.0)
         tail_mass = max(0.0, 1.0 - float(top.sum())) if tail_kept else 0.0
         total = float(final.sum()) + tail_mass
@@ -189,7 +207,9 @@ class Sampler:
         token_ids = ids.tolist()
         if greedy:
             best = next((r for r, ok in enumerate(allowed_ids) if ok), -1)
-            removed = [None if r == best else "grammar" if not allowed_ids[r] else "greedy" for r in range(len(token_ids))]
+            removed = [
+                None if r == best else "grammar" if not allowed_ids[r] else "greedy" for r in range(len(token_ids))
+            ]
             finals = [1.0 if r == best else 0.0 for r in range(len(token_ids))]
             kept = 1
         else:
@@ -197,13 +217,29 @@ class Sampler:
             where = {int(t): r for r, t in enumerate(order.tolist())}
             names = (None, "top_k", "top_p", "min_p", "grammar")
             keeps, final_list = keep.tolist(), final.tolist()
-            removed = [("grammar" if not allowed_ids[r] else names[keeps[where[t]]] if t in where else "top_k" if self.params.top_k else None)
-                       for r, t in enumerate(token_ids)]
+            removed = [
+                (
+                    "grammar"
+                    if not allowed_ids[r]
+                    else names[keeps[where[t]]]
+                    if t in where
+                    else "top_k"
+                    if self.params.top_k
+                    else None
+                )
+                for r, t in enumerate(token_ids)
+            ]
             finals = [final_list[where[t]] if t in where and allowed_ids[r] else 0.0 for r, t in enumerate(token_ids)]
             kept = self._kept(keep, logits.shape[0] - cut)
         candidates = [
-            Candidate(token_id=t, raw_prob=raw[r], adjusted_prob=scaled_probs[r], removed_by=removed[r], final_prob=finals[r],
-                      bias=self._bias_map.get(t, 0.0))
+            Candidate(
+                token_id=t,
+                raw_prob=raw[r],
+                adjusted_prob=scaled_probs[r],
+                removed_by=removed[r],
+                final_prob=finals[r],
+                bias=self._bias_map.get(t, 0.0),
+            )
             for r, t in enumerate(token_ids)
         ]
         return SamplingDetail(candidates=candidates, draw=draw, kept=kept, eos_prob=eos, grammar_cut=cut)

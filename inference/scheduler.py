@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -47,7 +47,9 @@ class SchedulerConfig:
     prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
     prefill_chunk_decoding: int = 4  # ...and at least this many per newcomer while other sequences decode, so that a
     # crowd of newcomers all make progress
-    decode_gap_stretch: float | None = 1.75  # ...and beyond that, while other sequences decode, only as many prompt tokens
+    decode_gap_stretch: float | None = (
+        1.75  # ...and beyond that, while other sequences decode, only as many prompt tokens
+    )
     # as keep the step within this many one-row decode steps (by the measured cost of a row, `inference.step_cost`):
     # a step costs about its row count, and its time is every decoding stream's gap between two tokens. None: no more.
     idle_kv_bytes: int = GIB // 8  # KV cache kept while nothing runs, so the next request need not allocate it again
@@ -104,7 +106,11 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(
-        self, model: Transformer, stop_ids: frozenset[int], token_bytes: Sequence[bytes], config: SchedulerConfig = SchedulerConfig()
+        self,
+        model: Transformer,
+        stop_ids: frozenset[int],
+        token_bytes: Sequence[bytes],
+        config: SchedulerConfig = SchedulerConfig(),
     ) -> None:
         self.model = model
         self.stop_ids = stop_ids
@@ -195,7 +201,9 @@ class Scheduler:
         if not rows:
             return outputs
         newcomers = [s for s in rows if s.phase == Phase.PREFILL]
-        shares = iter(self._prompt_shares([len(s.prompt_ids) - s.computed for s in newcomers], len(rows) - len(newcomers)))
+        shares = iter(
+            self._prompt_shares([len(s.prompt_ids) - s.computed for s in newcomers], len(rows) - len(newcomers))
+        )
         fed = [state.next_tokens(next(shares) if state.phase == Phase.PREFILL else 1) for state in rows]
         scheduled = [(s, t) for s, t in zip(rows, fed) if t]
         chunks = [Chunk(s.slot or 0, s.computed, len(t)) for s, t in scheduled]
@@ -211,13 +219,22 @@ class Scheduler:
         }
         token_ids = torch.tensor([token for _, t in scheduled for token in t], device=self.device)
         started = time.perf_counter()
-        logits = self.model(token_ids, plan, self.cache, probes, torch.tensor(sampled_tokens, device=self.device, dtype=torch.long))
+        logits = self.model(
+            token_ids, plan, self.cache, probes, torch.tensor(sampled_tokens, device=self.device, dtype=torch.long)
+        )
         logits = logits.cpu()  # also waits for the device: honest step clocks
         ended = time.perf_counter()
         self.step_cost.observe(len(token_ids), ended - started)
         self.steps += 1
-        batch = BatchStep(ended, self.steps, len(scheduled), prefill_tokens, len(scheduled) - prefilling, ended - started,
-                          [s.request_id for s, _ in scheduled])
+        batch = BatchStep(
+            ended,
+            self.steps,
+            len(scheduled),
+            prefill_tokens,
+            len(scheduled) - prefilling,
+            ended - started,
+            [s.request_id for s, _ in scheduled],
+        )
         self.last_batch = batch
         summaries = summarize(logits)
         row = 0
@@ -262,7 +279,9 @@ class Scheduler:
     def drop_all(self) -> list[str]:
         """Forget every sequence (after a forward that failed for all of them); their ids."""
         leaving = {s.request_id for s, _ in self._leaving}
-        dropped = [s.request_id for s in self.running if s.request_id not in leaving] + [s.request_id for s in self.waiting]
+        dropped = [s.request_id for s in self.running if s.request_id not in leaving] + [
+            s.request_id for s in self.waiting
+        ]
         self._leaving.clear()
         self._sharing.clear()
         self.running.clear()
@@ -291,7 +310,7 @@ class Scheduler:
         if not 0 <= layer < c.n_layers:
             raise InvalidRequestError(f"'layer' must be 0 to {c.n_layers - 1}", "layer")
         probe = PromptMatrixProbe(layer, c.n_heads, len(ids))
-        self._last_logits(ids, {i: probe for i in range(len(ids))})
+        self._last_logits(ids, dict.fromkeys(range(len(ids)), probe))
         return probe.weights
 
     @torch.inference_mode()
@@ -381,7 +400,9 @@ class Scheduler:
             slot = len(self.running)
             self.running.append(state)
             sibling = self._sibling(state)
-            if sibling is not None and sibling.slot is not None:  # copy the other choice's prompt, all but its last token
+            if (
+                sibling is not None and sibling.slot is not None
+            ):  # copy the other choice's prompt, all but its last token
                 shared = len(state.prompt_ids) - 1
                 k, v = self.cache.read(sibling.slot, 0, shared)
                 self.cache.load(slot, 0, k, v)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Sequence
 
 from torch import Tensor
 
@@ -56,11 +56,15 @@ class SequenceRequest:
     tokenize_seconds: float = 0.0
     context: ContextBuilt | None = None  # the context event to complete with the cache hit at admission
     grammar: Grammar | None = None  # structured output: only tokens this grammar allows are drawn
-    shares_prompt_with: str | None = None  # another choice of the same request (n > 1): its prompt's cache is copied, not recomputed
+    shares_prompt_with: str | None = (
+        None  # another choice of the same request (n > 1): its prompt's cache is copied, not recomputed
+    )
 
 
 class SequenceState:
-    def __init__(self, request: SequenceRequest, vocab_size: int, stop_ids: frozenset[int], token_bytes: Sequence[bytes]) -> None:
+    def __init__(
+        self, request: SequenceRequest, vocab_size: int, stop_ids: frozenset[int], token_bytes: Sequence[bytes]
+    ) -> None:
         self.request = request
         self.request_id = request.request_id
         self.params = request.params
@@ -113,7 +117,9 @@ class SequenceState:
             return self.prompt_ids[self.computed : self.computed + budget]
         return self.generated[-1:]
 
-    def forwarded(self, batch: BatchStep, n_tokens: int, started: float, detail: LayerDetail | None) -> list[TraceEvent]:
+    def forwarded(
+        self, batch: BatchStep, n_tokens: int, started: float, detail: LayerDetail | None
+    ) -> list[TraceEvent]:
         """This sequence's part of a batched forward ran: `n_tokens` more positions are in the cache."""
         prefill = self.phase == Phase.PREFILL
         position = self.computed
@@ -154,14 +160,25 @@ class SequenceState:
         if grammar is not None:
             grammar.advance(sample.token_id)
             if sample.detail is not None:
-                sample = dataclasses.replace(sample, detail=dataclasses.replace(sample.detail, mask_seconds=grammar.mask_seconds))
+                sample = dataclasses.replace(
+                    sample, detail=dataclasses.replace(sample.detail, mask_seconds=grammar.mask_seconds)
+                )
         now = time.perf_counter()
         is_stop = sample.token_id in self.stop_ids
         self.generated.append(sample.token_id)
         self.token_times.append(now - self.request.received_at)
         events: list[TraceEvent] = [
-            Sampled(now, len(self.generated), sample.token_id, sample.logprob, sample.rank, is_stop, now - started,
-                    sample.top_logprobs, sample.detail)
+            Sampled(
+                now,
+                len(self.generated),
+                sample.token_id,
+                sample.logprob,
+                sample.rank,
+                is_stop,
+                now - started,
+                sample.top_logprobs,
+                sample.detail,
+            )
         ]
         if is_stop and not self.params.ignore_eos:
             return events + self._finish("stop")
@@ -169,7 +186,16 @@ class SequenceState:
             delta = self.detokenizer.push(sample.token_id)
             self.text.append(delta.text)
             if self.traced or delta.text:
-                events.append(TextDelta(time.perf_counter(), len(self.generated), sample.token_id, delta.text, delta.pending_bytes, delta.held_text))
+                events.append(
+                    TextDelta(
+                        time.perf_counter(),
+                        len(self.generated),
+                        sample.token_id,
+                        delta.text,
+                        delta.pending_bytes,
+                        delta.held_text,
+                    )
+                )
             if delta.stopped:
                 return events + self._finish("stop")
         if len(self.generated) >= self.params.max_tokens:
@@ -189,25 +215,27 @@ class SequenceState:
         times = self.token_times
         prefill = (self.prefill_ended or ended) - (self.prefill_started or ended)
         computed_prompt = len(self.prompt_ids) - self.cached_tokens
-        events.append(Finished(
-            t=ended,
-            finish_reason=reason,
-            prompt_tokens=len(self.prompt_ids),
-            completion_tokens=len(self.generated),
-            seed=self.params.seed if self.params.seed is not None else 0,
-            text="".join(self.text),
-            timings=Timings(
-                tokenize=self.request.tokenize_seconds,
-                queue=(self.admitted_at or ended) - self.enqueued_at,
-                prefill=prefill,
-                prefill_saved=self.cached_tokens * prefill / computed_prompt if computed_prompt else 0.0,
-                ttft=times[0] if times else ended - received,
-                decode=(times[-1] - times[0]) if times else 0.0,
-                total=ended - received,
-                token_times=list(times),
-            ),
-            cached_tokens=self.cached_tokens,
-            peers=sorted(self.peers - {self.request_id}),
-            max_batch_size=self.max_batch_size,
-        ))
+        events.append(
+            Finished(
+                t=ended,
+                finish_reason=reason,
+                prompt_tokens=len(self.prompt_ids),
+                completion_tokens=len(self.generated),
+                seed=self.params.seed if self.params.seed is not None else 0,
+                text="".join(self.text),
+                timings=Timings(
+                    tokenize=self.request.tokenize_seconds,
+                    queue=(self.admitted_at or ended) - self.enqueued_at,
+                    prefill=prefill,
+                    prefill_saved=self.cached_tokens * prefill / computed_prompt if computed_prompt else 0.0,
+                    ttft=times[0] if times else ended - received,
+                    decode=(times[-1] - times[0]) if times else 0.0,
+                    total=ended - received,
+                    token_times=list(times),
+                ),
+                cached_tokens=self.cached_tokens,
+                peers=sorted(self.peers - {self.request_id}),
+                max_batch_size=self.max_batch_size,
+            )
+        )
         return events

@@ -21,9 +21,7 @@ CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 # Control tokens that end an assistant turn in the chat formats we know, besides the file's EOS.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>")
 
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -42,7 +40,9 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 @lru_cache(maxsize=1)
 def _unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's byte-to-printable-character table used by byte-level BPE."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -101,7 +101,9 @@ class BPETokenizer:
     def decode(self, ids: list[int], control_text: bool = False) -> str:
         """The whole sequence at once; control tokens produce no text, or (`control_text`) their own name."""
         if control_text:
-            return b"".join(self.pieces[i].encode() if i in self.control_ids else self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+            return b"".join(
+                self.pieces[i].encode() if i in self.control_ids else self.token_bytes[i] for i in ids
+            ).decode("utf-8", errors="replace")
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     def end_of_turn_ids(self, eos_id: int | None) -> frozenset[int]:

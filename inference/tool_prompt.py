@@ -17,7 +17,8 @@ OpenAI's `tool_calls` (and, when the client forces a call, a grammar makes it ex
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 CALL_OPEN = "<tool_call>\n"
 CALL_CLOSE = "\n</tool_call>"
@@ -37,7 +38,9 @@ def template_takes_tools(source: str) -> bool:
 
 def system_text(tools: Sequence[Mapping[str, Any]]) -> str:
     """The tool list as the system prompt states it."""
-    return SYSTEM_TOOLS.format(tools="\n".join(json.dumps({"type": "function", "function": t}, ensure_ascii=False) for t in tools))
+    return SYSTEM_TOOLS.format(
+        tools="\n".join(json.dumps({"type": "function", "function": t}, ensure_ascii=False) for t in tools)
+    )
 
 
 def call_text(name: str, arguments: str) -> str:
@@ -49,7 +52,9 @@ def call_text(name: str, arguments: str) -> str:
     return CALL_OPEN + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + CALL_CLOSE
 
 
-def plain_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, str]]:
+def plain_messages(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, str]]:
     """The conversation in system/user/assistant messages with string contents (see the module's format)."""
     out: list[dict[str, str]] = []
     for m in messages:

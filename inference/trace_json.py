@@ -16,7 +16,16 @@ import numpy as np
 from inference.plain import to_plain
 from inference.tokenizer import BPETokenizer
 from inference.trace import (
-    BatchStep, ContextBuilt, Finished, ForwardStep, LayerDetail, LensGuess, Sampled, TextDelta, Tokenized, TraceEvent,
+    BatchStep,
+    ContextBuilt,
+    Finished,
+    ForwardStep,
+    LayerDetail,
+    LensGuess,
+    Sampled,
+    TextDelta,
+    Tokenized,
+    TraceEvent,
 )
 
 # Full-level attention travels as 8-bit rows (each scaled to its own maximum), over at most this many
@@ -45,7 +54,9 @@ def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
     elif isinstance(event, Sampled):
         data["token"] = text(event.token_id)
         data["bytes"] = list(raw[event.token_id])
-        data["top_logprobs"] = [{"id": i, "token": text(i), "logprob": lp, "bytes": list(raw[i])} for i, lp in event.top_logprobs]
+        data["top_logprobs"] = [
+            {"id": i, "token": text(i), "logprob": lp, "bytes": list(raw[i])} for i, lp in event.top_logprobs
+        ]
         if data["detail"] is not None:
             for candidate in data["detail"]["candidates"]:
                 candidate["token"] = text(candidate["token_id"])
@@ -60,12 +71,17 @@ def event_to_dict(event: TraceEvent, tokenizer: BPETokenizer) -> dict[str, Any]:
     return data
 
 
-def detail_to_dict(detail: LayerDetail, tokenizer: BPETokenizer, budget: int = ATTENTION_BUDGET_POSITIONS) -> dict[str, Any]:
+def detail_to_dict(
+    detail: LayerDetail, tokenizer: BPETokenizer, budget: int = ATTENTION_BUDGET_POSITIONS
+) -> dict[str, Any]:
     """A forward pass's layer detail: bounded 8-bit attention, residual norms and both halves' updates, the top
     feed-forward neurons, and the logit lens after each half with token text."""
 
     def lens(guesses: list[LensGuess]) -> list[dict[str, Any]]:
-        return [{"layer": g.layer, "id": g.token_id, "token": tokenizer.token_text(g.token_id), "prob": g.prob} for g in guesses]
+        return [
+            {"layer": g.layer, "id": g.token_id, "token": tokenizer.token_text(g.token_id), "prob": g.prob}
+            for g in guesses
+        ]
 
     return {
         "attention": attention_to_dict(detail.attention, budget),

@@ -29,16 +29,27 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 from inference import cpu_kernels, int4_gemm
 from inference.config import ModelConfig
-from inference.weights import Head, Int4, Int8, Int8Rows, Projection, Q4Blocks, SizeDispatch, WeightFormat, build, supports_int4
+from inference.weights import (
+    Head,
+    Int4,
+    Int8,
+    Int8Rows,
+    Projection,
+    Q4Blocks,
+    SizeDispatch,
+    WeightFormat,
+    build,
+    supports_int4,
+)
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 NEAR_TIE = 1.15  # a more compact decode format this close to the fastest wins (timings on a busy machine wobble more)
@@ -108,8 +119,13 @@ class WeightPlan:
 def model_shapes(config: ModelConfig) -> list[int4_gemm.Shape]:
     """(out, in) of every projection: fused QKV, attention output, fused gate/up, down, and the head."""
     c = config
-    return [(c.dim + 2 * c.n_kv_heads * c.head_dim, c.dim), (c.dim, c.n_heads * c.head_dim), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim),
-            (c.vocab_size, c.dim)]
+    return [
+        (c.dim + 2 * c.n_kv_heads * c.head_dim, c.dim),
+        (c.dim, c.n_heads * c.head_dim),
+        (2 * c.ffn_dim, c.dim),
+        (c.dim, c.ffn_dim),
+        (c.vocab_size, c.dim),
+    ]
 
 
 def parse(setting: str, device: torch.device) -> WeightPlan | None:
@@ -122,11 +138,15 @@ def parse(setting: str, device: torch.device) -> WeightPlan | None:
     try:
         formats = [WeightFormat(n) for n in names]
     except ValueError:
-        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: use auto, one of {allowed}, or two joined by '+' (e.g. int4+bf16)") from None
+        raise ValueError(
+            f"ROUNDTRIP_WEIGHTS={setting!r}: use auto, one of {allowed}, or two joined by '+' (e.g. int4+bf16)"
+        ) from None
     if len(formats) > 2:
         raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: at most two formats (decode+prefill)")
     if device.type != "cpu" and any(f.quantized for f in formats):
-        raise ValueError(f"ROUNDTRIP_WEIGHTS={setting!r}: int8 and int4 kernels run on the CPU; use bf16 or fp32 on {device.type}")
+        raise ValueError(
+            f"ROUNDTRIP_WEIGHTS={setting!r}: int8 and int4 kernels run on the CPU; use bf16 or fp32 on {device.type}"
+        )
     if len(formats) == 2:
         return WeightPlan(formats[0], formats[1], 16)
     return WeightPlan(formats[0])
@@ -167,7 +187,9 @@ def choose(
     if memo is not None and quiet:
         _remember(memo, plan, timings, compiled, q8_times)
     elif memo is not None:
-        report("the CPU was busy with other work while measuring: this choice is not remembered, the next start measures again")
+        report(
+            "the CPU was busy with other work while measuring: this choice is not remembered, the next start measures again"
+        )
     return plan, kernels if plan.gemm_above else None
 
 
@@ -192,7 +214,11 @@ def measure(
     machine slows every format alike instead of deciding the ranking by when it happened to hit."""
     c = config
     generator = torch.Generator().manual_seed(0)
-    dense = [torch.randn(s, generator=generator) * 0.02 for _ in range(min(SAMPLE_LAYERS, c.n_layers)) for s in model_shapes(c)[:4]]
+    dense = [
+        torch.randn(s, generator=generator) * 0.02
+        for _ in range(min(SAMPLE_LAYERS, c.n_layers))
+        for s in model_shapes(c)[:4]
+    ]
     candidates: dict[WeightFormat | str, tuple[list[Projection], tuple[int, ...]]] = {}
     for fmt in WeightFormat:
         if fmt is WeightFormat.INT4 and not all(supports_int4(*d.shape) for d in dense):
@@ -212,7 +238,9 @@ def measure(
         if fmt is WeightFormat.INT4 and q8:
             candidates[Q8] = ([build(fmt, d, q8=True) for d in dense], rows)
     inputs = {n: torch.randn(n, c.dim) for n in rows}
-    best: dict[WeightFormat | str, dict[int, float]] = {key: {n: float("inf") for n in counts} for key, (_, counts) in candidates.items()}
+    best: dict[WeightFormat | str, dict[int, float]] = {
+        key: {n: float("inf") for n in counts} for key, (_, counts) in candidates.items()
+    }
     for _ in range(ROUNDS):
         for key, (projections, counts) in candidates.items():
             for n in counts:
@@ -258,10 +286,14 @@ def _int4_kernel(plan: WeightPlan, timings: Timings, compiled: dict[int, float],
     """A set plan's int4 kernels: our int4 x int8 kernel where it wins, else torch's compiled GEMM above its crossover."""
     if _q8_wins(timings, compiled, q8):
         return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, q8=True)
-    return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, _gemm_above(timings, compiled) if compiled else 0)
+    return WeightPlan(
+        plan.decode, plan.prefill, plan.max_decode_rows, _gemm_above(timings, compiled) if compiled else 0
+    )
 
 
-def decide(timings: Timings, compiled: dict[int, float] | None = None, q8: dict[int, float] | None = None) -> WeightPlan:
+def decide(
+    timings: Timings, compiled: dict[int, float] | None = None, q8: dict[int, float] | None = None
+) -> WeightPlan:
     """The fastest format at one row for decoding, with int4's faster kernel (our int4 x int8 one, or the compiled GEMM for
     larger batches where it helps). One copy of the weights: a second format for prompts is kept only when asked
     for (`int4+bf16`), since a served default model must stay within its memory budget."""
@@ -269,7 +301,9 @@ def decide(timings: Timings, compiled: dict[int, float] | None = None, q8: dict[
     if use_q8:
         timings, compiled = {**timings, WeightFormat.INT4: q8 or {}}, None
     fastest = min(timings, key=lambda f: timings[f][1])
-    decode = next(f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1]))
+    decode = next(
+        f for f in COMPACT_FIRST if f is fastest or (f in timings and timings[f][1] <= NEAR_TIE * timings[fastest][1])
+    )
     gemm_above = _gemm_above(timings, compiled) if compiled and decode is WeightFormat.INT4 else 0
     return WeightPlan(decode, gemm_above=gemm_above, q8=use_q8 and decode is WeightFormat.INT4)
 
@@ -277,8 +311,10 @@ def decide(timings: Timings, compiled: dict[int, float] | None = None, q8: dict[
 def _memo_path(config: ModelConfig, cache_dir: Path, setting: str, compiled: bool, q8_kernel: str) -> Path:
     """`q8_kernel`: our int4 x int8 kernel's instruction set and int8 parts per activation (its speed depends on
     them), empty without it."""
-    key = (f"{int4_gemm._cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|"
-           f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}|{q8_kernel}")
+    key = (
+        f"{int4_gemm._cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{config.dim}|{config.ffn_dim}|{config.n_heads}|"
+        f"{config.n_kv_heads}|{config.vocab_size}|{setting}|{compiled}|{q8_kernel}"
+    )
     return cache_dir / f"weight-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -288,18 +324,29 @@ def _recall(memo: Path | None) -> WeightPlan | None:
     try:
         saved = json.loads(memo.read_text())
         prefill = WeightFormat(saved["prefill"]) if saved["prefill"] else None
-        return WeightPlan(WeightFormat(saved["decode"]), prefill, int(saved["max_decode_rows"]), int(saved["gemm_above"]), bool(saved["q8"]))
+        return WeightPlan(
+            WeightFormat(saved["decode"]),
+            prefill,
+            int(saved["max_decode_rows"]),
+            int(saved["gemm_above"]),
+            bool(saved["q8"]),
+        )
     except (OSError, ValueError, KeyError):
         return None
 
 
 def _remember(memo: Path, plan: WeightPlan, timings: Timings, compiled: dict[int, float], q8: dict[int, float]) -> None:
     """The decision and the measurements behind it (milliseconds), for the next start and for curious people."""
-    record = {"decode": plan.decode.value, "prefill": plan.prefill.value if plan.prefill else None, "max_decode_rows": plan.max_decode_rows,
-              "gemm_above": plan.gemm_above, "q8": plan.q8,
-              "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
-              "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in compiled.items()},
-              "int4_q8_ms": {str(r): t * 1000 for r, t in q8.items()}}
+    record = {
+        "decode": plan.decode.value,
+        "prefill": plan.prefill.value if plan.prefill else None,
+        "max_decode_rows": plan.max_decode_rows,
+        "gemm_above": plan.gemm_above,
+        "q8": plan.q8,
+        "timings_ms": {f.value: {str(r): t * 1000 for r, t in row.items()} for f, row in timings.items()},
+        "int4_compiled_gemm_ms": {str(r): t * 1000 for r, t in compiled.items()},
+        "int4_q8_ms": {str(r): t * 1000 for r, t in q8.items()},
+    }
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(json.dumps(record))

@@ -21,9 +21,10 @@ win (see `inference.weight_choice`).
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,11 @@ class Q4Blocks:
     @classmethod
     def concat(cls, parts: list[Q4Blocks]) -> Q4Blocks:
         """Stack weights along their outputs (fused projections)."""
-        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), torch.cat([p.minimums for p in parts]))
+        return cls(
+            torch.cat([p.codes for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat([p.minimums for p in parts]),
+        )
 
     def dequantize(self) -> Tensor:
         n, k = self.codes.shape
@@ -211,7 +216,9 @@ class Int4(PackedInt4):
     def attach(self, gemm: Callable[[Tensor, Tensor, Tensor], Tensor], max_eager_rows: int, check: bool = True) -> bool:
         """Let batches of more than `max_eager_rows` rows go through the compiled GEMM — if it agrees with the
         eager kernel on these weights (`check`); whether it does."""
-        if not int4_gemm.supported(self.out_features, self.in_features) or (check and not int4_gemm.agrees(gemm, self.packed, self.scales_and_zeros)):
+        if not int4_gemm.supported(self.out_features, self.in_features) or (
+            check and not int4_gemm.agrees(gemm, self.packed, self.scales_and_zeros)
+        ):
             return False
         self.gemm, self.max_eager_rows = gemm, max(1, max_eager_rows)
         return True
@@ -222,7 +229,12 @@ class Int4(PackedInt4):
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
 
     def state(self) -> dict[str, Any]:
-        return {"kind": "int4", "packed": self.packed, "scales_and_zeros": self.scales_and_zeros, "in_features": self.in_features}
+        return {
+            "kind": "int4",
+            "packed": self.packed,
+            "scales_and_zeros": self.scales_and_zeros,
+            "in_features": self.in_features,
+        }
 
 
 class Int4Q8(PackedInt4):
@@ -249,7 +261,12 @@ class Int4Q8(PackedInt4):
         return cpu_kernels.q4_mm_swiglu(gate_up, self.packed, self.out_features, self.activation_parts)
 
     def state(self) -> dict[str, Any]:
-        return {"kind": "int4q8", "packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}
+        return {
+            "kind": "int4q8",
+            "packed": self.packed,
+            "out_features": self.out_features,
+            "in_features": self.in_features,
+        }
 
 
 class Int8Rows(nn.Module):
@@ -326,10 +343,17 @@ class SizeDispatch(Projection):
         return (self.large if self.large.has_rows else self.small).rows(ids)
 
     def state(self) -> dict[str, Any]:
-        return {"kind": "dispatch", "small": self.small.state(), "large": self.large.state(), "max_small_rows": self.max_small_rows}
+        return {
+            "kind": "dispatch",
+            "small": self.small.state(),
+            "large": self.large.state(),
+            "max_small_rows": self.max_small_rows,
+        }
 
 
-def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, q8: bool = False) -> Projection:
+def build(
+    fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, q8: bool = False
+) -> Projection:
     """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them);
     `q8`: int4 in the layout of our int4 x int8 kernel (where it takes the shape) instead of torch's."""
     if fmt is WeightFormat.INT4:

@@ -12,17 +12,18 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
+from servers import free_port, server_env, start, stop, wait_ready
+from tiny_gguf import TinySpec, write_tiny_gguf
 
 from inference.loader import LoadedModel, load_model
 from inference.pipeline import ChatPipeline
-from servers import free_port, server_env, start, stop, wait_ready
-from tiny_gguf import TinySpec, write_tiny_gguf
 
 # Models in the tests (in-process and in the servers they start) run float32 weights: the tests compare them
 # with float64 re-computations and demand batched greedy text equal to unbatched, which bfloat16 activations
@@ -100,7 +101,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # (named in the summary with the reason), not skipped, so a skip always means something missing that could be there.
 HARDWARE: dict[str, tuple[Callable[[], bool], str]] = {
     "cuda": (lambda: torch.cuda.is_available(), "no CUDA GPU here: the bf16 CUDA path is tested where one is present"),
-    "amx": (lambda: bool(torch._C._cpu._init_amx()), "this CPU has no AMX: the AMX paths (the compiled int4 GEMM, q4_mm's tiles) are tested where it is present"),
+    "amx": (
+        lambda: bool(torch._C._cpu._init_amx()),
+        "this CPU has no AMX: the AMX paths (the compiled int4 GEMM, q4_mm's tiles) are tested where it is present",
+    ),
 }
 _absent_hardware: list[tuple[str, str]] = []
 
@@ -189,14 +193,19 @@ class LiveServer:
 
 
 @pytest.fixture(scope="session")
-def daphne_server(django_db_setup: None, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def daphne_server(
+    django_db_setup: None, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {
         **server_env(),
         "ROUNDTRIP_SQLITE_PATH": str(_DB_FILE),
         "ROUNDTRIP_MODELS": json.dumps(
-            [{"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"]}, {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"]}]
+            [
+                {"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"]},
+                {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"]},
+            ]
         ),
         "ROUNDTRIP_MAX_BATCH": "4",
         "ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS": "{}",  # every test client is 127.0.0.1; tests/webapp/test_client_ip.py covers it

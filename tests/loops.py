@@ -7,8 +7,9 @@ session once the browser tests have started, so asyncio.run() there would refuse
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Coroutine, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

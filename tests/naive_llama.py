@@ -43,7 +43,9 @@ def kv_rounding(loaded: LoadedModel) -> type[np.floating] | None:
     return np.float16 if loaded.model.cache_dtype == torch.float16 else None
 
 
-def naive_logits(config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], kv_dtype: type[np.floating] | None = None) -> np.ndarray:
+def naive_logits(
+    config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], kv_dtype: type[np.floating] | None = None
+) -> np.ndarray:
     """Logits [T, V] for every position of `ids`, each position computed from scratch over its prefix; keys (after
     RoPE) and values rounded to `kv_dtype` as a cache of that precision stores them."""
     return naive_forward(config, weights, ids, kv_dtype=kv_dtype)[0]
@@ -62,7 +64,10 @@ class NaiveLayer:
 
 
 def naive_forward(
-    config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], layers: list[NaiveLayer] | None = None,
+    config: ModelConfig,
+    weights: dict[str, np.ndarray],
+    ids: list[int],
+    layers: list[NaiveLayer] | None = None,
     kv_dtype: type[np.floating] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(logits [T, V], the last token's attention probabilities [layers, heads, T]); `layers`, when given, receives
@@ -91,7 +96,10 @@ def naive_forward(
                     kv = h // group
                     q = _rope(qs[pos][h * hd : (h + 1) * hd], pos, config.rope_base)
                     scores = np.array(
-                        [q @ stored(_rope(ks[s][kv * hd : (kv + 1) * hd], s, config.rope_base)) / np.sqrt(hd) for s in range(pos + 1)]
+                        [
+                            q @ stored(_rope(ks[s][kv * hd : (kv + 1) * hd], s, config.rope_base)) / np.sqrt(hd)
+                            for s in range(pos + 1)
+                        ]
                     )
                     probs = np.exp(scores - scores.max())
                     probs /= probs.sum()

@@ -35,7 +35,9 @@ def free_port() -> int:
 
 def manage(env: dict[str, str], *args: str) -> str:
     """Run a management command to completion; its stdout."""
-    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -43,7 +45,9 @@ def manage(env: dict[str, str], *args: str) -> str:
 def start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
     """Start a long-running management command, its output going to `log`."""
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 120) -> None:
@@ -68,7 +72,11 @@ def metric_samples(url: str) -> Samples:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def metric_value(found: Samples, name: str, **labels: str) -> float:

@@ -97,7 +97,9 @@ def write_tiny_gguf(path: Path, spec: TinySpec | None = None) -> Path:
             return
         values = (rng.standard_normal(shape) * scale).astype(np.float32)
         data = _encode_tensor(rng, values, qtype)
-        writer.add_tensor(name, data, raw_dtype=None if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else qtype)
+        writer.add_tensor(
+            name, data, raw_dtype=None if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else qtype
+        )
 
     f32 = GGMLQuantizationType.F32
     add("token_embd.weight", (len(tokens), s.dim), 1.0, s.linear_type)

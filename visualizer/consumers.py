@@ -86,7 +86,10 @@ class PipelineConsumer(FrameConsumer):
         elif kind == "ping":
             await self.send_frame({"type": "pong"})
         elif kind not in ("next", "cancel"):
-            await self.error(f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, prompt_attention, resample or ping.", "unknown_type")
+            await self.error(
+                f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, prompt_attention, resample or ping.",
+                "unknown_type",
+            )
 
     async def _forward(self, run: Run) -> None:
         async for frame in run.frames():

@@ -23,15 +23,23 @@ class Conversation(models.Model):
     @classmethod
     def owned_by(cls, user_id: int | None, session_key: str) -> models.QuerySet[Conversation]:
         """A signed-in user's conversations, else the browser session's."""
-        return cls.objects.filter(user_id=user_id) if user_id else cls.objects.filter(user__isnull=True, session_key=session_key)
+        return (
+            cls.objects.filter(user_id=user_id)
+            if user_id
+            else cls.objects.filter(user__isnull=True, session_key=session_key)
+        )
 
     def history(self) -> list[dict[str, str]]:
         """The turns as chat messages, oldest first."""
         return [{"role": t.role, "content": t.content} for t in self.turns.order_by("id")]
 
     def add_exchange(self, question: str, answer: str, request_id: str) -> None:
-        Turn.objects.bulk_create([Turn(conversation=self, role="user", content=question, request_id=request_id),
-                                  Turn(conversation=self, role="assistant", content=answer, request_id=request_id)])
+        Turn.objects.bulk_create(
+            [
+                Turn(conversation=self, role="user", content=question, request_id=request_id),
+                Turn(conversation=self, role="assistant", content=answer, request_id=request_id),
+            ]
+        )
         self.save(update_fields=["updated_at"])
 
 

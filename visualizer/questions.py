@@ -10,17 +10,18 @@ Each answers with one frame ("inspection" / "prompt_attention" / "resampled", or
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Awaitable, Callable, Literal
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from visualizer.runs import Visitor, error_frame
 from webapp.api.protocol import SamplingFields, parse
 from webapp.gateway import client
 from webapp.gateway.errors import bad_request
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
 from webapp.gateway.routing import ModelRoute
-from visualizer.runs import Visitor, error_frame
 
 MAX_IDS = 1_000_000  # the worker checks ids against its vocabulary and context length
 TokenId = Annotated[int, Field(ge=0)]
@@ -36,11 +37,15 @@ class ResampleFrame(SamplingFields):
     generated: list[TokenId] = Field(default_factory=list, max_length=MAX_IDS)
 
 
-async def _ask(visitor: Visitor, endpoint: str, model: object, work: Callable[[Turn, ModelRoute], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+async def _ask(
+    visitor: Visitor, endpoint: str, model: object, work: Callable[[Turn, ModelRoute], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
     """Authenticate the visitor, admit the model, run `work`; an error frame for any failure; always settled."""
     turn = Turn(endpoint, visitor.client_ip)
     try:
-        turn.authenticated(identify_session(visitor.user_id, visitor.session_key, visitor.client_ip), time.perf_counter())
+        turn.authenticated(
+            identify_session(visitor.user_id, visitor.session_key, visitor.client_ip), time.perf_counter()
+        )
         route = await turn.admit(str(model or "default"))
         return await work(turn, route)
     except Exception as exc:

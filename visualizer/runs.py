@@ -10,22 +10,35 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from visualizer.models import Conversation
 from webapp.api.protocol import ChatCompletionRequest, parse
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
-from visualizer.models import Conversation
 
 LEVELS = ("summary", "full")
 RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation", "continue_final_message"}
-PARAM_FIELDS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
-                "logit_bias", "response_format"}
+PARAM_FIELDS = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+    "logit_bias",
+    "response_format",
+}
 
 
 def error_frame(error: GatewayError) -> dict[str, Any]:
@@ -77,15 +90,27 @@ class Run:
         yield {"type": "request", "request_id": turn.request_id, "body": self.payload, "t": time.time()}
         request: ChatCompletionRequest | None = None
         try:
-            identity = turn.authenticated(identify_session(self.visitor.user_id, self.visitor.session_key, self.visitor.client_ip), time.perf_counter())
+            identity = turn.authenticated(
+                identify_session(self.visitor.user_id, self.visitor.session_key, self.visitor.client_ip),
+                time.perf_counter(),
+            )
             body, level, step = self._body()
             request = parse(ChatCompletionRequest, body)
             ctx.prompt_text = request.chat_messages[-1]["content"]
             await turn.admit(request.model)
             yield {"type": "gateway", **turn.gateway_report()}
-            self.generation = await turn.generate(request.chat_messages, request.params, level, fit_max_tokens=not request.max_tokens_given, step=step,
-                                                  continue_final=request.continue_final_message)
-            yield {"type": "accepted", **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")}}
+            self.generation = await turn.generate(
+                request.chat_messages,
+                request.params,
+                level,
+                fit_max_tokens=not request.max_tokens_given,
+                step=step,
+                continue_final=request.continue_final_message,
+            )
+            yield {
+                "type": "accepted",
+                **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")},
+            }
             async for message in turn.messages():
                 if message["type"] == "waiting":
                     yield {"type": "waiting", "ahead": message["ahead"]}
@@ -102,7 +127,9 @@ class Run:
         finished = turn.usage.finished.get(0)
         if finished is not None and request is not None:
             messages, answer = request.chat_messages, str(finished["text"])
-            if request.continue_final_message:  # a branch: the exchange is the question and the whole answer, as it now reads
+            if (
+                request.continue_final_message
+            ):  # a branch: the exchange is the question and the whole answer, as it now reads
                 messages, answer = messages[:-1], messages[-1]["content"] + answer
             await sync_to_async(self._save_exchange)(turn.request_id, messages, answer)
         yield {"type": "usage", **turn.usage_report()}
@@ -117,7 +144,10 @@ class Run:
         if conversation is None:
             system = next((m["content"] for m in messages if m["role"] == "system"), "")
             conversation = Conversation.objects.create(
-                user_id=self.visitor.user_id, session_key=self.visitor.session_key, title=question[:80] or "(empty)", system_prompt=system
+                user_id=self.visitor.user_id,
+                session_key=self.visitor.session_key,
+                title=question[:80] or "(empty)",
+                system_prompt=system,
             )
             self.payload["conversation"] = conversation.pk
         conversation.add_exchange(question, answer, request_id)

@@ -25,7 +25,11 @@ def _owner(request: HttpRequest) -> tuple[int | None, str]:
 def chat(request: HttpRequest) -> HttpResponse:
     _owner(request)
     models = [{"id": r.id, "aliases": list(r.aliases)} for r in configured_models()]
-    return render(request, "visualizer/chat.html", {"models": models, "models_json": json.dumps(models), "system_prompt": DEFAULT_SYSTEM_PROMPT})
+    return render(
+        request,
+        "visualizer/chat.html",
+        {"models": models, "models_json": json.dumps(models), "system_prompt": DEFAULT_SYSTEM_PROMPT},
+    )
 
 
 def conversation_list(request: HttpRequest) -> HttpResponse:
@@ -37,7 +41,9 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = Conversation.owned_by(*_owner(request)).filter(pk=pk).first()
     if conversation is None:
         raise Http404("No such conversation in this session.")
-    return render(request, "visualizer/_conversation.html", {"conversation": conversation, "history": conversation.history()})
+    return render(
+        request, "visualizer/_conversation.html", {"conversation": conversation, "history": conversation.history()}
+    )
 
 
 @staff_member_required

@@ -11,7 +11,6 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from visualizer.routing import websocket_urlpatterns  # noqa: E402
@@ -22,7 +21,9 @@ application = StartWorkerMiddleware(
     ProtocolTypeRouter(
         {
             "http": ASGIStaticFilesHandler(django_asgi_app),
-            "websocket": AllowedHostsOriginValidator(SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
+            "websocket": AllowedHostsOriginValidator(
+                SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+            ),
         }
     )
 )

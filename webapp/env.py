@@ -85,7 +85,9 @@ def env_bytes(name: str, default: int) -> int:
     try:
         value = float(number) * _UNITS[unit]
     except ValueError:
-        raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not a size (use bytes, or a number with K, M, G or T)") from None
+        raise ImproperlyConfiguredEnv(
+            f"{name}={raw!r} is not a size (use bytes, or a number with K, M, G or T)"
+        ) from None
     if value < 0:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r} must not be negative")
     return int(value)

@@ -19,10 +19,21 @@ from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 APP_HEADER_BYTES = 16 * 1024
 TRANSPORT_HEADER_BYTES = 128 * 1024
 
-_BODY = json.dumps({"error": {"message": f"The request's headers are larger than {TRANSPORT_HEADER_BYTES // 1024} KiB.",
-                              "type": "invalid_request_error", "param": None, "code": "headers_too_large"}}).encode()
-TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
-             + b"Content-Length: %d\r\n\r\n" % len(_BODY) + _BODY)
+_BODY = json.dumps(
+    {
+        "error": {
+            "message": f"The request's headers are larger than {TRANSPORT_HEADER_BYTES // 1024} KiB.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "headers_too_large",
+        }
+    }
+).encode()
+TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    + b"Content-Length: %d\r\n\r\n" % len(_BODY)
+    + _BODY
+)
 
 
 class HeaderLimitChannel(HTTPChannel):

@@ -9,13 +9,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_bytes, env_float_or_off, env_int, env_json, env_list, env_str, persisted_secret
+from webapp.env import (
+    ImproperlyConfiguredEnv,
+    database_from_url,
+    env_bool,
+    env_bytes,
+    env_float_or_off,
+    env_int,
+    env_json,
+    env_list,
+    env_str,
+    persisted_secret,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # Off unless asked for: the embedded default must be safe to expose by accident (no tracebacks, no settings pages).
 DEBUG = env_bool("ROUNDTRIP_DEBUG", False)
-SECRET_KEY = persisted_secret("ROUNDTRIP_SECRET_KEY", env_str("ROUNDTRIP_SECRET_KEY_FILE", str(BASE_DIR / ".secret-key")))
+SECRET_KEY = persisted_secret(
+    "ROUNDTRIP_SECRET_KEY", env_str("ROUNDTRIP_SECRET_KEY_FILE", str(BASE_DIR / ".secret-key"))
+)
 ALLOWED_HOSTS = env_list("ROUNDTRIP_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 
 INSTALLED_APPS = [
@@ -118,13 +131,20 @@ if REDIS_URL:
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that channels_redis blocks
             # in BZPOPMIN: the two race and a quiet channel raises TimeoutError. Give reads room.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": CHANNEL_EXPIRY},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                "capacity": 1000,
+                "expiry": CHANNEL_EXPIRY,
+            },
         }
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000, "expiry": CHANNEL_EXPIRY}}
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": 1000, "expiry": CHANNEL_EXPIRY},
+        }
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "roundtrip"}}
 
@@ -153,7 +173,9 @@ ROUNDTRIP_PREFILL_CHUNK = env_int("ROUNDTRIP_PREFILL_CHUNK", 128)
 ROUNDTRIP_PREFILL_CHUNK_DECODING = env_int("ROUNDTRIP_PREFILL_CHUNK_DECODING", 4)
 ROUNDTRIP_DECODE_GAP_STRETCH = env_float_or_off("ROUNDTRIP_DECODE_GAP_STRETCH", 1.75, minimum=1.0)
 ROUNDTRIP_PREFIX_CACHE_BYTES = env_bytes("ROUNDTRIP_PREFIX_CACHE_BYTES", 128 * 1024**2)
-ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)  # seconds without a word from a worker that still beats
+ROUNDTRIP_WORKER_TIMEOUT = env_int(
+    "ROUNDTRIP_WORKER_TIMEOUT", 120
+)  # seconds without a word from a worker that still beats
 ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
 
 # --- The gateway ------------------------------------------------------------------------------
@@ -168,7 +190,8 @@ ROUNDTRIP_ANONYMOUS_LIMITS = env_json(
 )
 # Every anonymous visitor from one address together (a classroom behind one NAT shares it).
 ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS = env_json(
-    "ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS", {"requests_per_minute": 60, "tokens_per_minute": 120000, "concurrent_streams": 8}
+    "ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS",
+    {"requests_per_minute": 60, "tokens_per_minute": 120000, "concurrent_streams": 8},
 )
 ROUNDTRIP_USER_LIMITS = env_json(
     "ROUNDTRIP_USER_LIMITS",
@@ -178,7 +201,9 @@ ROUNDTRIP_STORE_PROMPTS = env_bool("ROUNDTRIP_STORE_PROMPTS", False)  # keep pro
 ROUNDTRIP_MAX_BODY_BYTES = env_int("ROUNDTRIP_MAX_BODY_BYTES", 1024 * 1024)
 # /metrics: with a token, any client that sends `Authorization: Bearer <token>`; without one, loopback only.
 ROUNDTRIP_METRICS_TOKEN = env_str("ROUNDTRIP_METRICS_TOKEN", "")
-ROUNDTRIP_WORKER_METRICS_PORT = env_int("ROUNDTRIP_WORKER_METRICS_PORT", 0)  # `runinferenceworker`'s own metrics endpoint
+ROUNDTRIP_WORKER_METRICS_PORT = env_int(
+    "ROUNDTRIP_WORKER_METRICS_PORT", 0
+)  # `runinferenceworker`'s own metrics endpoint
 DATA_UPLOAD_MAX_MEMORY_SIZE = ROUNDTRIP_MAX_BODY_BYTES
 
 AUTH_PASSWORD_VALIDATORS = [

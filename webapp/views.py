@@ -14,7 +14,10 @@ def health(request: HttpRequest) -> JsonResponse:
     """Whether each model is loaded and held by a live worker (with load progress), and which workers are alive."""
     statuses = {route.id: registry.model_load(route.id) for route in configured_models()}
     ready = all(s.get("state") == "ready" for s in statuses.values())
-    workers = [{"worker": w["worker"], "host": w["host"], "pid": w["pid"], "models": w["models"]} for w in registry.live_workers()]
+    workers = [
+        {"worker": w["worker"], "host": w["host"], "pid": w["pid"], "models": w["models"]}
+        for w in registry.live_workers()
+    ]
     return JsonResponse({"ready": ready, "models": statuses, "workers": workers}, status=200 if ready else 503)
 
 
@@ -29,4 +32,10 @@ def not_found(request: HttpRequest, exception: Any = None) -> HttpResponse:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    return _error(request, 500, "The server failed while handling this request; it has been logged.", "server_error", "server_error")
+    return _error(
+        request,
+        500,
+        "The server failed while handling this request; it has been logged.",
+        "server_error",
+        "server_error",
+    )

@@ -7,8 +7,14 @@ import pytest
 from benchmarks.lean_stream import Answer, HTTPStatusError, IncompleteAnswer
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-EVENTS = [b'data: {"choices":[{"delta":{"content":"Hi"}}]}', b"", b'data: {"choices":[{"delta":{"content":" there"}}]}', b"",
-          b"data: [DONE]", b""]
+EVENTS = [
+    b'data: {"choices":[{"delta":{"content":"Hi"}}]}',
+    b"",
+    b'data: {"choices":[{"delta":{"content":" there"}}]}',
+    b"",
+    b"data: [DONE]",
+    b"",
+]
 
 
 def chunked(parts: list[bytes]) -> bytes:

@@ -9,8 +9,8 @@ import pytest
 from inference.chat_template import ChatTemplate, Message
 from inference.errors import ContextLengthExceededError, InvalidRequestError, ModelFileError
 from inference.loader import LoadedModel, load_model
-from inference.pipeline import ChatPipeline
 from inference.params import SamplingParams
+from inference.pipeline import ChatPipeline
 from inference.trace import TextDelta
 
 SYSTEM = "You are a helpful assistant."
@@ -115,7 +115,10 @@ def test_history_truncation_drops_the_oldest_turns_and_says_so(tiny_pipeline: Ch
 
 
 def test_continuing_the_final_message_ends_the_prompt_inside_it(smollm2: LoadedModel) -> None:
-    messages: list[Message] = [{"role": "user", "content": "What's the capital of India?"}, {"role": "assistant", "content": "The capital of"}]
+    messages: list[Message] = [
+        {"role": "user", "content": "What's the capital of India?"},
+        {"role": "assistant", "content": "The capital of"},
+    ]
     prompt = smollm2.chat_template.render(messages, continue_final=True)
     assert prompt.text.endswith("<|im_start|>assistant\nThe capital of")  # no end-of-turn after it, no new turn
     with pytest.raises(InvalidRequestError, match="assistant"):
@@ -129,11 +132,13 @@ def test_a_continued_answer_goes_on_from_its_text(smollm2: LoadedModel) -> None:
     question: list[Message] = [{"role": "user", "content": "What's the capital of India?"}]
 
     def answer(messages: list[Message], continue_final: bool = False) -> str:
-        request = pipeline.prepare(messages, SamplingParams(temperature=0.0, max_tokens=12), continue_final=continue_final)
+        request = pipeline.prepare(
+            messages, SamplingParams(temperature=0.0, max_tokens=12), continue_final=continue_final
+        )
         return "".join(e.text for e in pipeline.stream(request) if isinstance(e, TextDelta))
 
     full = answer(question)
     prefix = "The capital of India is"
     assert full.startswith(prefix + " New Delhi")
     continued = answer([*question, {"role": "assistant", "content": prefix}], continue_final=True)
-    assert continued.startswith(full[len(prefix):])
+    assert continued.startswith(full[len(prefix) :])

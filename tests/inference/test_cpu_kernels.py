@@ -8,7 +8,10 @@ import torch
 from inference import cpu_kernels, weights_cache
 from inference.weights import Int4Q8, Q4Blocks, WeightFormat, build, restore
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.cpu_supports(), reason="this CPU has neither AVX512-VNNI nor AVX2: the model runs on torch's kernels")
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.cpu_supports(),
+    reason="this CPU has neither AVX512-VNNI nor AVX2: the model runs on torch's kernels",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -23,7 +26,9 @@ def _blocks(n: int, k: int, seed: int = 0) -> Q4Blocks:
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
 @pytest.mark.parametrize("n, k", [(16, 32), (96, 64), (576, 1536)])
 @pytest.mark.parametrize("parts, tolerance", [(1, 0.02), (2, 0.002)])
-def test_it_multiplies_like_the_dequantized_weights_up_to_rounding(rows: int, n: int, k: int, parts: int, tolerance: float) -> None:
+def test_it_multiplies_like_the_dequantized_weights_up_to_rounding(
+    rows: int, n: int, k: int, parts: int, tolerance: float
+) -> None:
     """One int8 per activation (a step of 1/127 of its group's largest value): within 2% of the largest output; two
     parts (about 15 bits): within 0.2%, even beside an outlier channel 100 times the rest, as SmolLM2's residual
     stream has (the rest of the error is the fp16 scales and minimums)."""
@@ -104,7 +109,9 @@ def test_a_projection_keeps_its_layout_through_the_weights_cache() -> None:
     copy = restore(projection.state())
     x = torch.randn(5, 96)
     assert torch.equal(copy(x), projection(x))
-    assert projection.nbytes == 48 * 96 // 2 + 48 * 96 // 32 * 4  # half a byte per weight, fp16 scale and minimum per 32
+    assert (
+        projection.nbytes == 48 * 96 // 2 + 48 * 96 // 32 * 4
+    )  # half a byte per weight, fp16 scale and minimum per 32
 
 
 def test_rms_norm_matches_torchs() -> None:
@@ -121,7 +128,9 @@ def test_decode_attention_reads_each_rows_own_length_like_sdpa(heads: int, kv_he
     values = torch.randn(slots, kv_heads, capacity, hd, generator=generator)
     rows = [(3, 1), (0, 17), (4, 70), (1, 33)]  # (slot, length): a row of one position, one of the whole capacity
     q = torch.randn(len(rows), heads, hd, generator=generator)
-    got = cpu_kernels.decode_attention(q, keys, values, torch.tensor([s for s, _ in rows]), torch.tensor([n for _, n in rows]), hd**-0.5)
+    got = cpu_kernels.decode_attention(
+        q, keys, values, torch.tensor([s for s, _ in rows]), torch.tensor([n for _, n in rows]), hd**-0.5
+    )
     for i, (slot, length) in enumerate(rows):
         expected = torch.nn.functional.scaled_dot_product_attention(
             q[i].view(kv_heads, heads // kv_heads, hd), keys[slot, :, :length], values[slot, :, :length]
@@ -147,17 +156,31 @@ def test_roped_decode_attention_is_rope_then_cache_write_then_decode_attention(r
     qk = apply_rope(split[:, : heads + kv_heads], freqs)
     expected_keys[slots, :, positions] = qk[:, heads:]
     expected_values[slots, :, positions] = split[:, heads + kv_heads :]
-    expected = cpu_kernels.decode_attention(qk[:, :heads], expected_keys, expected_values, slots, positions + 1, hd**-0.5)
-    got = cpu_kernels.roped_decode_attention(qkv, torch.view_as_real(freqs), keys, values, slots, positions + 1, heads, hd**-0.5)
-    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)  # the same bits as torch's rotation
+    expected = cpu_kernels.decode_attention(
+        qk[:, :heads], expected_keys, expected_values, slots, positions + 1, hd**-0.5
+    )
+    got = cpu_kernels.roped_decode_attention(
+        qkv, torch.view_as_real(freqs), keys, values, slots, positions + 1, heads, hd**-0.5
+    )
+    assert torch.equal(keys, expected_keys) and torch.equal(
+        values, expected_values
+    )  # the same bits as torch's rotation
     assert torch.equal(got, expected.view(len(rows), heads * hd))
 
 
 def test_roped_decode_attention_refuses_a_position_outside_the_cache() -> None:
     keys = torch.zeros(2, 1, 8, 32)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        cpu_kernels.roped_decode_attention(torch.zeros(1, 3 * 32), torch.zeros(1, 16, 2), keys, keys.clone(), torch.tensor([0]),
-                                           torch.tensor([9]), 1, 0.25)
+        cpu_kernels.roped_decode_attention(
+            torch.zeros(1, 3 * 32),
+            torch.zeros(1, 16, 2),
+            keys,
+            keys.clone(),
+            torch.tensor([0]),
+            torch.tensor([9]),
+            1,
+            0.25,
+        )
 
 
 def test_decode_attention_refuses_rows_outside_the_cache() -> None:
@@ -165,8 +188,14 @@ def test_decode_attention_refuses_rows_outside_the_cache() -> None:
     with pytest.raises(RuntimeError, match="outside the cache"):
         cpu_kernels.decode_attention(torch.zeros(1, 1, 32), keys, keys, torch.tensor([2]), torch.tensor([4]), 0.25)
     with pytest.raises(RuntimeError, match="head_dim must be"):
-        cpu_kernels.decode_attention(torch.zeros(1, 1, 48), torch.zeros(2, 1, 8, 48), torch.zeros(2, 1, 8, 48), torch.tensor([0]),
-                                     torch.tensor([4]), 0.25)
+        cpu_kernels.decode_attention(
+            torch.zeros(1, 1, 48),
+            torch.zeros(2, 1, 8, 48),
+            torch.zeros(2, 1, 8, 48),
+            torch.tensor([0]),
+            torch.tensor([4]),
+            0.25,
+        )
 
 
 @pytest.mark.parametrize("vocab", [49152, 1000, 7])
@@ -196,7 +225,6 @@ def test_the_kernel_setting_is_checked_by_name() -> None:
 def test_it_is_built_for_an_instruction_set_this_cpu_has() -> None:
     named = cpu_kernels.isa(cpu_kernels.loaded_isa())
     assert named is not None and named.name == cpu_kernels.loaded_isa()
-
 
 
 def _amx_build() -> bool:

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_MODULES = ["inference.loader", "inference.scheduler", "inference.grammar", "inference.int4_gemm", "webapp.worker.runner"]
+ENGINE_MODULES = [
+    "inference.loader",
+    "inference.scheduler",
+    "inference.grammar",
+    "inference.int4_gemm",
+    "webapp.worker.runner",
+]
 
 
 def test_importing_the_engine_leaves_torchs_compiler_out() -> None:

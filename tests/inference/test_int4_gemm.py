@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_build_can_teach_this_torchs_amx_micro_kernel_the_eager_layout() -> None:
     """The build edits inductor's template by exact text replacements; a torch whose template differs must fail here,
     not silently on a user's first start (where the engine would fall back to the slow eager kernel for prompts)."""
-    check = ("from inference.int4_gemm_build import _read_the_eager_layout as teach; teach(); "
-             "from torch._inductor.codegen.cpp_micro_gemm import CppMicroGemmWoQInt4Amx as amx; assert 'B64' in amx.TEMPLATE_ENTRY")
+    check = (
+        "from inference.int4_gemm_build import _read_the_eager_layout as teach; teach(); "
+        "from torch._inductor.codegen.cpp_micro_gemm import CppMicroGemmWoQInt4Amx as amx; assert 'B64' in amx.TEMPLATE_ENTRY"
+    )
     done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 

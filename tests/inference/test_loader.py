@@ -128,7 +128,9 @@ def test_replacing_the_file_misses_the_cache(write_gguf: Any) -> None:
     reloaded = load_model(str(path), device="cpu")
     assert not reloaded.from_cache
     q_rows = reloaded.config.n_heads * reloaded.config.head_dim
-    assert np.array_equal(reloaded.model.blk[0].attn_qkv.weight[:q_rows].numpy(), GGUFFile(path).dequantize("blk.0.attn_q.weight"))
+    assert np.array_equal(
+        reloaded.model.blk[0].attn_qkv.weight[:q_rows].numpy(), GGUFFile(path).dequantize("blk.0.attn_q.weight")
+    )
 
 
 def test_it_names_the_kv_cache_choices_for_a_mistyped_setting(monkeypatch: pytest.MonkeyPatch, write_gguf: Any) -> None:

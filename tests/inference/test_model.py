@@ -7,15 +7,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from naive_llama import file_weights, kv_rounding, naive_logits
 
 from inference.batch import BatchPlan, Chunk
 from inference.kv_cache import SlotCache
 from inference.loader import LoadedModel, load_model
 from inference.model import Transformer, apply_rope
-from naive_llama import file_weights, kv_rounding, naive_logits
 
 
-def _forward(model: Transformer, cache: SlotCache, chunks: list[tuple[Chunk, list[int]]], every_token: bool = False) -> torch.Tensor:
+def _forward(
+    model: Transformer, cache: SlotCache, chunks: list[tuple[Chunk, list[int]]], every_token: bool = False
+) -> torch.Tensor:
     plan = model.plan([c for c, _ in chunks])
     tokens = torch.tensor([t for _, ids in chunks for t in ids])
     with torch.inference_mode():
@@ -55,7 +57,9 @@ SMOLLM2_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 11173, 30, 2, 198]
 
 
 @pytest.mark.parametrize("model_name", ["tiny_model", "smollm2"])
-def test_cached_decoding_equals_uncached(request: pytest.FixtureRequest, model_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_decoding_equals_uncached(
+    request: pytest.FixtureRequest, model_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In a float32 cache: what is left is float32 arithmetic (a prompt's rows and a decode row multiply differently)."""
     loaded: LoadedModel = request.getfixturevalue(model_name)
     monkeypatch.setattr(loaded.model, "kv_cache_dtype", torch.float32)
@@ -65,7 +69,9 @@ def test_cached_decoding_equals_uncached(request: pytest.FixtureRequest, model_n
     assert torch.allclose(cached, full[2:], atol=1e-4, rtol=1e-4)
 
 
-def test_the_default_cache_on_a_cpu_is_float16_and_moves_logits_only_by_its_rounding(smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_cache_on_a_cpu_is_float16_and_moves_logits_only_by_its_rounding(
+    smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Decoding through the float16 cache against the float32 one: the same choices, logits within a few hundredths
     (a key rounded to 11 bits moves a score by ~5e-4 of itself, and float32 differences of 1e-5 between a prompt's
     rows and a decode row can tip a key to the neighbouring half)."""
@@ -100,7 +106,9 @@ def test_one_forward_of_decode_rows_and_a_prompt_chunk_matches_single_runs(tiny_
     assert torch.allclose(step[2], _all_logits(model, c)[-1], atol=1e-5)
 
 
-def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(
+    tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("inference.batch.LONG_ROW_MIN", 16)
     model = tiny_model.model
     long, short = list(range(3, 203)), [1, 2, 3]
@@ -126,12 +134,18 @@ def test_untied_output_weights_are_used(write_gguf: Any) -> None:
 def test_with_the_decode_kernel_every_token_is_one_of_its_rows(tiny_model: LoadedModel) -> None:
     """Decode rows and prompt chunks of any length: each token a kernel row over its own positions, no attention group."""
     freqs = tiny_model.model.freqs_cis
-    plan = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs, decode_kernel=True, fused_rope=True)
+    plan = BatchPlan.build(
+        [Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs, decode_kernel=True, fused_rope=True
+    )
     assert plan.decode is not None and plan.groups == () and plan.rotations is not None
     assert plan.decode.slots.tolist() == [0, 1, 1, 1, 1] + [2] * 40
     assert plan.decode.lengths.tolist() == [11, 4, 5, 6, 7] + list(range(1, 41))
     without = BatchPlan.build([Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs)
-    assert without.decode is None and [(g.lo, g.hi, g.kv_len) for g in without.groups] == [(0, 1, 11), (1, 2, 7), (2, 3, 40)]
+    assert without.decode is None and [(g.lo, g.hi, g.kv_len) for g in without.groups] == [
+        (0, 1, 11),
+        (1, 2, 7),
+        (2, 3, 40),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +156,9 @@ def served_smollm2() -> LoadedModel:
 
 
 @pytest.mark.parametrize("cached", [0, 16, 32, 35])
-def test_a_token_gets_the_same_bits_whatever_chunk_or_cache_hit_its_prompt_came_in(served_smollm2: LoadedModel, cached: int) -> None:
+def test_a_token_gets_the_same_bits_whatever_chunk_or_cache_hit_its_prompt_came_in(
+    served_smollm2: LoadedModel, cached: int
+) -> None:
     """A prompt prefilled whole, in chunks of 4, or after `cached` positions loaded from an earlier run (the prefix
     cache's case): the same last-token logits to the bit, so a seeded request samples the same text in each case."""
     model = served_smollm2.model
@@ -151,7 +167,10 @@ def test_a_token_gets_the_same_bits_whatever_chunk_or_cache_hit_its_prompt_came_
     whole_cache = model.new_cache(1, len(ids))
     whole = _forward(model, whole_cache, [(Chunk(0, 0, len(ids)), ids)])[-1]
     chunked_cache = model.new_cache(1, len(ids))
-    chunked = [_forward(model, chunked_cache, [(Chunk(0, s, len(ids[s : s + 4])), ids[s : s + 4])]) for s in range(0, len(ids), 4)][-1][-1]
+    chunked = [
+        _forward(model, chunked_cache, [(Chunk(0, s, len(ids[s : s + 4])), ids[s : s + 4])])
+        for s in range(0, len(ids), 4)
+    ][-1][-1]
     assert torch.equal(chunked, whole)
     warm_cache = model.new_cache(1, len(ids))
     k, v = whole_cache.read(0, 0, cached)
@@ -163,7 +182,9 @@ def test_a_token_gets_the_same_bits_whatever_chunk_or_cache_hit_its_prompt_came_
 def test_a_decode_step_rotates_stores_and_attends_in_one_kernel_call_with_the_same_bits(write_gguf: Any) -> None:
     """The fused path (rope, cache write and decode attention in one call per layer) against the same step done by
     apply_rope, SlotCache.write and the decode kernel separately: same logits, same keys and values in the cache."""
-    model = load_model(str(write_gguf(dim=128)), device="cpu", use_cache=False).model  # head_dim 32: the kernel's smallest
+    model = load_model(
+        str(write_gguf(dim=128)), device="cpu", use_cache=False
+    ).model  # head_dim 32: the kernel's smallest
     a, b = [1, 40, 41, 42], [1, 90, 91]
     caches = [model.new_cache(2, 16) for _ in range(2)]
     for cache in caches:

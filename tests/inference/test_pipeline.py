@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from inference.chat_template import Message
-from inference.pipeline import ChatPipeline
 from inference.params import SamplingParams
+from inference.pipeline import ChatPipeline
 from inference.trace import ContextBuilt, Finished, ForwardStep, Sampled, TextDelta, Tokenized, TraceEvent, TraceLevel
 
 MESSAGES: list[Message] = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "the heat is on"}]
@@ -137,8 +137,12 @@ def test_full_level_feed_forward_half_matches_a_plain_recomputation(tiny_pipelin
     naive_forward(config, weights, request.prompt.ids, layers, kv_rounding(loaded))
     detail = prefill.detail
     assert detail is not None and len(layers) == config.n_layers
-    assert np.allclose(detail.attention_update_norms, [np.linalg.norm(n.middle - n.entering) for n in layers], rtol=1e-4)
-    assert np.allclose(detail.feed_forward_update_norms, [np.linalg.norm(n.leaving - n.middle) for n in layers], rtol=1e-4)
+    assert np.allclose(
+        detail.attention_update_norms, [np.linalg.norm(n.middle - n.entering) for n in layers], rtol=1e-4
+    )
+    assert np.allclose(
+        detail.feed_forward_update_norms, [np.linalg.norm(n.leaving - n.middle) for n in layers], rtol=1e-4
+    )
     for neurons, n in zip(detail.top_neurons, layers):
         activation = n.gate * n.up
         expected = np.argsort(-np.abs(activation))[: len(neurons)]
@@ -173,7 +177,9 @@ def _count_renders(pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch) -> l
     return calls
 
 
-def test_a_request_of_thousands_of_messages_is_refused_before_any_rendering(tiny_pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_request_of_thousands_of_messages_is_refused_before_any_rendering(
+    tiny_pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Once 48 s of the engine's time for 8,000 messages; now a count, no template, no tokenizer."""
     from inference.errors import ContextLengthExceededError
 
@@ -184,7 +190,9 @@ def test_a_request_of_thousands_of_messages_is_refused_before_any_rendering(tiny
     assert renders == []
 
 
-def test_truncating_a_long_history_takes_a_few_renders_not_one_per_turn(tiny_pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_truncating_a_long_history_takes_a_few_renders_not_one_per_turn(
+    tiny_pipeline: ChatPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
     turns: list[Message] = [{"role": "system", "content": "be brief"}]
     for i in range(200):
         turns += [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
@@ -193,6 +201,9 @@ def test_truncating_a_long_history_takes_a_few_renders_not_one_per_turn(tiny_pip
     request = tiny_pipeline.prepare(turns, SamplingParams(max_tokens=8), truncate_history=True)
     assert len(renders) <= 12  # bisection over 400 droppable turns
     assert len(request.prompt.ids) + 8 <= tiny_pipeline.loaded.config.context_length
-    keep_one_more = [turns[0], *turns[request.dropped_messages:]]  # the fewest dropped: one turn more would not fit
-    assert len(tiny_pipeline.loaded.chat_template.render(keep_one_more).ids) + 8 > tiny_pipeline.loaded.config.context_length
+    keep_one_more = [turns[0], *turns[request.dropped_messages :]]  # the fewest dropped: one turn more would not fit
+    assert (
+        len(tiny_pipeline.loaded.chat_template.render(keep_one_more).ids) + 8
+        > tiny_pipeline.loaded.config.context_length
+    )
     assert "the last question" in request.prompt.text

@@ -8,8 +8,19 @@ from inference.config import ModelConfig
 from inference.kv_cache import SlotCache
 from inference.prefix_cache import PrefixCache
 
-CONFIG = ModelConfig(architecture="llama", dim=8, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=16, context_length=256,
-                     rope_base=10000.0, rope_dim=4, norm_eps=1e-5, vocab_size=300)
+CONFIG = ModelConfig(
+    architecture="llama",
+    dim=8,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    ffn_dim=16,
+    context_length=256,
+    rope_base=10000.0,
+    rope_dim=4,
+    norm_eps=1e-5,
+    vocab_size=300,
+)
 
 
 def _cache_with(ids: list[int]) -> SlotCache:

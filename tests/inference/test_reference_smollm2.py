@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
+from forward import last_logits
 
 from inference.loader import load_model
-from inference.pipeline import ChatPipeline
 from inference.params import SamplingParams
-from forward import last_logits
+from inference.pipeline import ChatPipeline
 from inference.trace import Finished, Sampled, TextDelta
 
 SYSTEM = "You are a helpful assistant."
@@ -46,14 +47,23 @@ def default_pipeline() -> ChatPipeline:
     return ChatPipeline(load_model(device="cpu", weights="auto"))
 
 
-@pytest.mark.parametrize("question, answer", [("What's the capital of India?", "The capital of India is New Delhi."),
-                                              ("What is the capital of France?", "The capital of France is Paris.")])
-def test_int8x2_activations_answer_the_pages_questions_like_float32(precise_pipeline: ChatPipeline, question: str, answer: str) -> None:
+@pytest.mark.parametrize(
+    "question, answer",
+    [
+        ("What's the capital of India?", "The capital of India is New Delhi."),
+        ("What is the capital of France?", "The capital of France is Paris."),
+    ],
+)
+def test_int8x2_activations_answer_the_pages_questions_like_float32(
+    precise_pipeline: ChatPipeline, question: str, answer: str
+) -> None:
     """With the page's system prompt both answers pass a near-tie (0.08 logits at France's first token); one int8 per
     activation flipped India's to "Mumbai" here (llama.cpp, rounding at its own points, says New Delhi); two int8 parts
     give float32's answers."""
-    request = precise_pipeline.prepare([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                                       SamplingParams(temperature=0.0, max_tokens=24))
+    request = precise_pipeline.prepare(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        SamplingParams(temperature=0.0, max_tokens=24),
+    )
     done = list(precise_pipeline.stream(request))[-1]
     assert isinstance(done, Finished) and done.text == answer
 
@@ -67,7 +77,9 @@ def test_greedy_output_agrees_with_llama_cpp_up_to_a_near_tie(
     fp32 agreed for 32/32, 9/9, 11/32 and 22/25 tokens. The default format with our int4 kernel rounds every
     projection's input to int8, as llama.cpp does but at its own rounding points, so it may part from llama.cpp at
     the first near-tie: on cases 1 and 2 at tokens 2 and 0, where the two best logits were 0.22 and 0.24 apart."""
-    smollm2_pipeline: ChatPipeline = request.getfixturevalue("smollm2_pipeline" if weights == "fp32" else "default_pipeline")
+    smollm2_pipeline: ChatPipeline = request.getfixturevalue(
+        "smollm2_pipeline" if weights == "fp32" else "default_pipeline"
+    )
     case = llamacpp_reference["greedy"][case_index]
     expected: list[int] = case["greedy_ids"]
     request = smollm2_pipeline.prepare(

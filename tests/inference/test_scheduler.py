@@ -16,7 +16,14 @@ from inference.scheduler import QueueFullError, Scheduler, SchedulerConfig, Sequ
 from inference.sequence import SequenceRequest
 from inference.trace import BatchStep, Finished, ForwardStep, Sampled, TraceEvent, TraceLevel
 
-PROMPTS = [[1, 50, 60, 70], [1, 200, 3, 44, 45, 46, 47], [1, 9], [1, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89], [1, 120, 130], [1, 66, 67, 68, 69]]
+PROMPTS = [
+    [1, 50, 60, 70],
+    [1, 200, 3, 44, 45, 46, 47],
+    [1, 9],
+    [1, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89],
+    [1, 120, 130],
+    [1, 66, 67, 68, 69],
+]
 NEAR_TIE = 1e-4  # top-two logit gap (tiny model, float32) within which batched arithmetic may pick the other token
 
 
@@ -30,7 +37,9 @@ def _request(rid: str, prompt: list[int], level: TraceLevel = TraceLevel.OFF, **
     return SequenceRequest(rid, prompt, SamplingParams(**params), level)
 
 
-def _run(scheduler: Scheduler, requests: list[SequenceRequest], max_steps: int = 500) -> dict[str, list[SequenceOutput]]:
+def _run(
+    scheduler: Scheduler, requests: list[SequenceRequest], max_steps: int = 500
+) -> dict[str, list[SequenceOutput]]:
     """Add every request, step until all are done; each request's outputs in order."""
     for request in requests:
         scheduler.add(request)
@@ -68,7 +77,9 @@ def assert_same_or_near_tie(batched: list[Sampled], alone: list[Sampled], tolera
     at = next((i for i, (x, y) in enumerate(zip(ids_b, ids_a)) if x != y), min(len(ids_a), len(ids_b)))
     assert at < min(len(ids_a), len(ids_b)), "one run stopped where the other did not"
     top = dict(alone[at].top_logprobs)
-    assert ids_a[at] in top and ids_b[at] in top, f"diverged at {at} to a token outside the alone run's best {sorted(top)}"
+    assert ids_a[at] in top and ids_b[at] in top, (
+        f"diverged at {at} to a token outside the alone run's best {sorted(top)}"
+    )
     gap = max(top.values()) - top[ids_b[at]]
     assert gap < tolerance, f"diverged at {at} with gap {gap}"
 
@@ -86,7 +97,9 @@ def test_seeds_reproduce_inside_a_batch(tiny_model: LoadedModel) -> None:
     requests = [_request(f"s{i}", p, temperature=1.0, seed=100 + i) for i, p in enumerate(PROMPTS)]
     together = _run(_scheduler(tiny_model), requests)
     for request in requests:
-        assert [s.token_id for s in _tokens(together[request.request_id])] == [s.token_id for s in _alone(tiny_model, request)]
+        assert [s.token_id for s in _tokens(together[request.request_id])] == [
+            s.token_id for s in _alone(tiny_model, request)
+        ]
 
 
 def test_every_request_in_a_step_refers_to_the_same_batch_step(tiny_model: LoadedModel) -> None:
@@ -119,7 +132,11 @@ def test_while_others_decode_each_newcomer_gets_its_own_small_chunk(tiny_model: 
     for i in range(3):
         scheduler.add(_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2))
     outputs = {o.request_id: o for o in scheduler.step()}
-    fed = {rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)] for rid, o in outputs.items() if rid != "running"}
+    fed = {
+        rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)]
+        for rid, o in outputs.items()
+        if rid != "running"
+    }
     assert fed == {"new0": [4], "new1": [4], "new2": [2]}  # 4 each, until the step's 10 prompt tokens are spent
 
 
@@ -130,10 +147,16 @@ def _prompt_fed(scheduler: Scheduler, newcomers: int) -> dict[str, list[int]]:
     for i in range(newcomers):
         scheduler.add(_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2))
     outputs = {o.request_id: o for o in scheduler.step()}
-    return {rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)] for rid, o in outputs.items() if rid != "running"}
+    return {
+        rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)]
+        for rid, o in outputs.items()
+        if rid != "running"
+    }
 
 
-def test_beside_decoding_streams_newcomers_get_what_the_measured_step_cost_allows_the_earliest_first(tiny_model: LoadedModel) -> None:
+def test_beside_decoding_streams_newcomers_get_what_the_measured_step_cost_allows_the_earliest_first(
+    tiny_model: LoadedModel,
+) -> None:
     """A step of 5 ms plus 1 ms a row: within 1.75 one-row steps (10.5 ms) it carries 5 rows, so beside one decoding
     stream 4 prompt tokens: the first newcomer takes all but the one its follower is owed."""
     scheduler = _scheduler(tiny_model, prefill_chunk=64, prefill_chunk_decoding=1, decode_gap_stretch=1.75)
@@ -144,7 +167,9 @@ def test_beside_decoding_streams_newcomers_get_what_the_measured_step_cost_allow
 
 def test_without_a_measured_step_cost_each_newcomer_gets_its_minimum(tiny_model: LoadedModel) -> None:
     for stretch in (None, 1.75):  # no bound asked for; a bound but no steps measured yet
-        fed = _prompt_fed(_scheduler(tiny_model, prefill_chunk=64, prefill_chunk_decoding=2, decode_gap_stretch=stretch), 3)
+        fed = _prompt_fed(
+            _scheduler(tiny_model, prefill_chunk=64, prefill_chunk_decoding=2, decode_gap_stretch=stretch), 3
+        )
         assert fed == {"new0": [2], "new1": [2], "new2": [2]}
 
 
@@ -200,7 +225,9 @@ def test_abort_frees_the_slot_at_the_next_step(tiny_model: LoadedModel) -> None:
     scheduler.abort("a")
     outputs = scheduler.step()
     assert outputs[0] == SequenceOutput("a", [], done=True, cancelled=True)
-    assert [s.request_id for s in scheduler.running] == ["b"] and any(o.request_id == "b" and o.events for o in outputs[1:])
+    assert [s.request_id for s in scheduler.running] == ["b"] and any(
+        o.request_id == "b" and o.events for o in outputs[1:]
+    )
 
 
 def test_work_beyond_the_kv_budget_waits_in_the_queue(tiny_model: LoadedModel) -> None:
@@ -299,7 +326,9 @@ def test_an_idle_engine_keeps_a_small_cache_so_the_next_request_does_not_allocat
     assert 0 < scheduler.cache.nbytes <= scheduler.config.idle_kv_bytes and scheduler.stats().kv_bytes == 0
     second = _run(scheduler, [_request("second", PROMPTS[1], max_tokens=3)])["second"]
     assert scheduler.cache.k is kept  # admitted into the kept cache: no new allocation
-    assert [t.token_id for t in _tokens(second)] == [t.token_id for t in _alone(tiny_model, _request("a", PROMPTS[1], max_tokens=3))]
+    assert [t.token_id for t in _tokens(second)] == [
+        t.token_id for t in _alone(tiny_model, _request("a", PROMPTS[1], max_tokens=3))
+    ]
 
 
 def test_an_idle_engine_keeps_no_more_than_its_idle_budget(tiny_model: LoadedModel) -> None:
@@ -313,7 +342,9 @@ def test_an_idle_engine_keeps_no_more_than_its_idle_budget(tiny_model: LoadedMod
     assert small.cache.slots == 2 and small.cache.nbytes <= small.config.idle_kv_bytes
 
 
-def test_a_finished_sequence_leaves_its_slot_and_fills_the_prefix_cache_after_its_outputs(tiny_model: LoadedModel) -> None:
+def test_a_finished_sequence_leaves_its_slot_and_fills_the_prefix_cache_after_its_outputs(
+    tiny_model: LoadedModel,
+) -> None:
     """Releasing a batch of finished streams costs ms (their prefixes are copied into the prefix cache): their last
     tokens go out first; `finish_step` (or else the next step) does the rest."""
     scheduler = _scheduler(tiny_model, prefix_block=4)
@@ -340,11 +371,20 @@ def test_idle_scheduler_has_no_work_and_gives_its_memory_back(tiny_model: Loaded
     assert not scheduler.has_work and scheduler.stats().kv_bytes == 0 and scheduler.stats().running == 0
 
 
-REAL_TOPICS = ["a lighthouse keeper", "the moon", "a clockmaker", "a city under the sea", "an old violin", "a desert caravan"]
+REAL_TOPICS = [
+    "a lighthouse keeper",
+    "the moon",
+    "a clockmaker",
+    "a city under the sea",
+    "an old violin",
+    "a desert caravan",
+]
 
 
 @pytest.mark.parametrize("weights, tolerance", [("fp32", 1e-3), ("bf16", 0.5), ("int4", 0.5)])
-def test_the_real_model_batched_gives_each_request_its_own_greedy_answer(weights: str, tolerance: float, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_real_model_batched_gives_each_request_its_own_greedy_answer(
+    weights: str, tolerance: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """float32: batching changes nothing measurable. bfloat16 activations round differently for different batch
     shapes, so a near-tie can flip; the test shows the two top logits at the first divergence were within `tolerance`."""
     from inference.loader import load_model
@@ -354,8 +394,13 @@ def test_the_real_model_batched_gives_each_request_its_own_greedy_answer(weights
     loaded = load_model(device="cpu")
     pipeline = ChatPipeline(loaded)
     requests = [
-        pipeline.sequence_request(pipeline.prepare([{"role": "user", "content": f"Write a story about {t}."}],
-                                                   SamplingParams(temperature=0.0, max_tokens=32, top_logprobs=3)), f"real{i}")
+        pipeline.sequence_request(
+            pipeline.prepare(
+                [{"role": "user", "content": f"Write a story about {t}."}],
+                SamplingParams(temperature=0.0, max_tokens=32, top_logprobs=3),
+            ),
+            f"real{i}",
+        )
         for i, t in enumerate(REAL_TOPICS)
     ]
     together = _run(_scheduler(loaded), requests)
@@ -368,17 +413,25 @@ def test_choices_of_one_request_share_one_prefill_and_decode_together(tiny_model
     own seed gives alone."""
     prompt = PROMPTS[0] * 3
     first = _request("n", prompt, TraceLevel.SUMMARY, temperature=1.0, seed=5, max_tokens=8)
-    others = [dataclasses.replace(first, request_id=f"n#{i}", params=dataclasses.replace(first.params, seed=5 + i), shares_prompt_with="n")
-              for i in (1, 2)]
+    others = [
+        dataclasses.replace(
+            first, request_id=f"n#{i}", params=dataclasses.replace(first.params, seed=5 + i), shares_prompt_with="n"
+        )
+        for i in (1, 2)
+    ]
     outputs = _run(_scheduler(tiny_model, prefix_cache_bytes=0), [first, *others])
     batches = [e for e in _events(outputs["n"]) if isinstance(e, BatchStep)]
-    assert batches[0].prefill_tokens == len(prompt) and batches[0].batch_size == 1  # only the first choice prefills the prompt
+    assert (
+        batches[0].prefill_tokens == len(prompt) and batches[0].batch_size == 1
+    )  # only the first choice prefills the prompt
     assert max(b.batch_size for b in batches) == 3  # then all three decode in one forward
     for other in others:
         finished = next(e for e in _events(outputs[other.request_id]) if isinstance(e, Finished))
         assert finished.cached_tokens == len(prompt) - 1  # copied from the first choice, not recomputed
         alone = dataclasses.replace(other, request_id="alone", shares_prompt_with=None)
-        assert [s.token_id for s in _tokens(outputs[other.request_id])] == [s.token_id for s in _alone(tiny_model, alone)]
+        assert [s.token_id for s in _tokens(outputs[other.request_id])] == [
+            s.token_id for s in _alone(tiny_model, alone)
+        ]
 
 
 def test_resampling_a_past_step_greedily_gives_the_token_the_run_chose(tiny_model: LoadedModel) -> None:
@@ -403,8 +456,12 @@ def test_other_settings_change_that_steps_distribution(tiny_model: LoadedModel) 
     cool = scheduler.resample(PROMPTS[0], [], SamplingParams(temperature=0.5, seed=1))
     warm = scheduler.resample(PROMPTS[0], [], SamplingParams(temperature=2.0, seed=1))
     assert cool.detail is not None and warm.detail is not None
-    assert [c.raw_prob for c in cool.detail.candidates] == [c.raw_prob for c in warm.detail.candidates]  # the same logits
-    assert cool.detail.candidates[0].adjusted_prob > warm.detail.candidates[0].adjusted_prob  # a cooler, sharper distribution
+    assert [c.raw_prob for c in cool.detail.candidates] == [
+        c.raw_prob for c in warm.detail.candidates
+    ]  # the same logits
+    assert (
+        cool.detail.candidates[0].adjusted_prob > warm.detail.candidates[0].adjusted_prob
+    )  # a cooler, sharper distribution
     only_best = scheduler.resample(PROMPTS[0], [], SamplingParams(temperature=1.0, top_k=1, seed=1))
     assert only_best.token_id == cool.detail.candidates[0].token_id and only_best.detail is not None
     assert only_best.detail.kept == 1
@@ -415,22 +472,29 @@ def test_penalties_in_a_resample_see_the_tokens_generated_before_that_step(tiny_
     run = [s.token_id for s in _alone(tiny_model, _request("r", prompt, max_tokens=6, ignore_eos=True))]
     scheduler = _scheduler(tiny_model)
     free = scheduler.resample(prompt, run[:5], SamplingParams(temperature=0.0))
-    barred = scheduler.resample(prompt, run[:5], SamplingParams(temperature=0.0, frequency_penalty=2.0, logit_bias=[(t, -100.0) for t in prompt]))
+    barred = scheduler.resample(
+        prompt,
+        run[:5],
+        SamplingParams(temperature=0.0, frequency_penalty=2.0, logit_bias=[(t, -100.0) for t in prompt]),
+    )
     assert free.token_id == run[5]
     assert barred.token_id not in run[:5] + prompt  # earlier outputs penalised, the prompt's tokens biased away
-    assert barred.detail is not None and all(c.token_id not in prompt or c.adjusted_prob < 1e-6 for c in barred.detail.candidates)
+    assert barred.detail is not None and all(
+        c.token_id not in prompt or c.adjusted_prob < 1e-6 for c in barred.detail.candidates
+    )
 
 
 def test_the_prompts_full_attention_matrix_matches_each_positions_own_row(tiny_model: LoadedModel) -> None:
     """Row i of the recomputed matrix is what a full-level probe of position i alone records at that layer."""
-    from inference.probe import LayerProbe
 
     prompt = PROMPTS[3]
     scheduler = _scheduler(tiny_model)
     matrix = scheduler.prompt_attention(prompt, layer=1)  # [H, T, T]
     assert matrix.shape == (tiny_model.config.n_heads, len(prompt), len(prompt))
     for i in (0, 4, len(prompt) - 1):
-        row = torch.from_numpy(scheduler.inspect(prompt[: i + 1]).attention[1].astype("float32"))  # [H, i + 1], float16 in the detail
+        row = torch.from_numpy(
+            scheduler.inspect(prompt[: i + 1]).attention[1].astype("float32")
+        )  # [H, i + 1], float16 in the detail
         assert torch.allclose(matrix[:, i, : i + 1], row, atol=2e-3)
         assert float(matrix[:, i, i + 1 :].abs().sum()) == 0.0  # causal: nothing after the query
     assert torch.allclose(matrix.sum(dim=-1), torch.ones(matrix.shape[:2]), atol=1e-5)

@@ -101,7 +101,9 @@ def test_off_level_records_no_steps_and_summary_refers_to_the_batch() -> None:
     events = _feed(_state(TraceLevel.SUMMARY), [1, END])
     forwards = [e for e in events if isinstance(e, ForwardStep)]
     assert [f.phase for f in forwards] == ["prefill", "decode"] and all(f.batch_step == 1 for f in forwards)
-    assert all(isinstance(e, BatchStep) for e in (events[i - 1] for i, x in enumerate(events) if isinstance(x, ForwardStep)))
+    assert all(
+        isinstance(e, BatchStep) for e in (events[i - 1] for i, x in enumerate(events) if isinstance(x, ForwardStep))
+    )
     assert all(s.detail is not None for s in events if isinstance(s, Sampled))
 
 

@@ -16,7 +16,9 @@ def test_it_encodes_the_seed_question_like_llama_cpp(smollm2: LoadedModel) -> No
     assert enc.tokens == ["What", "'s", " the", " capital", " of", " India", "?"]
 
 
-def test_it_matches_llama_cpp_on_the_whole_reference_corpus(smollm2: LoadedModel, llamacpp_reference: dict[str, Any]) -> None:
+def test_it_matches_llama_cpp_on_the_whole_reference_corpus(
+    smollm2: LoadedModel, llamacpp_reference: dict[str, Any]
+) -> None:
     cases = llamacpp_reference["tokenization"]
     assert len(cases) >= 40
     mismatches = [c["text"] for c in cases if smollm2.tokenizer.encode(c["text"]).ids != c["ids"]]

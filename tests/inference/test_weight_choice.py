@@ -64,14 +64,24 @@ def test_the_compiled_gemm_is_not_part_of_the_weights_key() -> None:
     assert WeightPlan(F.INT4, gemm_above=4).key == WeightPlan(F.INT4).key == "int4"
 
 
-@pytest.mark.parametrize("setting, plan", [("int4", WeightPlan(F.INT4)), ("BF16", WeightPlan(F.BF16)), ("int4+bf16", WeightPlan(F.INT4, F.BF16, 16)),
-                                           ("auto", None), ("", None)])
+@pytest.mark.parametrize(
+    "setting, plan",
+    [
+        ("int4", WeightPlan(F.INT4)),
+        ("BF16", WeightPlan(F.BF16)),
+        ("int4+bf16", WeightPlan(F.INT4, F.BF16, 16)),
+        ("auto", None),
+        ("", None),
+    ],
+)
 def test_it_reads_the_setting(setting: str, plan: WeightPlan | None) -> None:
     assert parse(setting, CPU) == plan
 
 
-@pytest.mark.parametrize("setting, message", [("int3", "use auto, one of"), ("int4+bf16+fp32", "at most two"),
-                                              ("int4+tiled", "use auto, one of")])
+@pytest.mark.parametrize(
+    "setting, message",
+    [("int3", "use auto, one of"), ("int4+bf16+fp32", "at most two"), ("int4+tiled", "use auto, one of")],
+)
 def test_it_refuses_settings_it_cannot_run(setting: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse(setting, CPU)
@@ -83,13 +93,25 @@ def test_quantized_formats_are_refused_on_a_gpu() -> None:
 
 
 def _tiny_config() -> ModelConfig:
-    return ModelConfig(architecture="llama", n_layers=1, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=64, context_length=64,
-                       rope_base=10000.0, rope_dim=16, norm_eps=1e-5)
+    return ModelConfig(
+        architecture="llama",
+        n_layers=1,
+        dim=64,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=96,
+        vocab_size=64,
+        context_length=64,
+        rope_base=10000.0,
+        rope_dim=16,
+        norm_eps=1e-5,
+    )
 
 
 @pytest.mark.parametrize("load, remembered", [(0.5, True), (8.0, False)])
-def test_a_choice_measured_on_a_busy_cpu_is_not_remembered(load: float, remembered: bool, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_choice_measured_on_a_busy_cpu_is_not_remembered(
+    load: float, remembered: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(int4_gemm, "load", lambda *args: None)  # no compiled GEMM: the eager formats only

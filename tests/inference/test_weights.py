@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as Q
-
 from forward import last_logits
+from gguf import GGMLQuantizationType as Q
+from naive_llama import file_weights, kv_rounding, naive_logits
+from tiny_gguf import TinySpec, write_tiny_gguf
+
 from inference.batch import Chunk
 from inference.gguf_file import GGUFFile
 from inference.loader import LoadedModel, load_model
 from inference.weights import Head, Int4, Int4Q8, Int8Rows, Q4Blocks, WeightFormat
-from naive_llama import file_weights, kv_rounding, naive_logits
-from tiny_gguf import TinySpec, write_tiny_gguf
 
 TOLERANCE = {"fp32": 1e-5, "bf16": 0.02, "int8": 0.04, "int4": 0.04}
 IDS = [1, 120, 45, 200, 7, 99, 250, 3]
@@ -29,7 +29,9 @@ IDS = [1, 120, 45, 200, 7, 99, 250, 3]
 
 @pytest.fixture(scope="module")
 def q4_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("q4") / "tiny-q4_1.gguf", TinySpec(linear_type=Q.Q4_1, tied_embeddings=True))
+    return write_tiny_gguf(
+        tmp_path_factory.mktemp("q4") / "tiny-q4_1.gguf", TinySpec(linear_type=Q.Q4_1, tied_embeddings=True)
+    )
 
 
 def _load(path: Path, weights: str) -> LoadedModel:
@@ -39,7 +41,12 @@ def _load(path: Path, weights: str) -> LoadedModel:
 def _every_logit(loaded: LoadedModel, ids: list[int]) -> np.ndarray:
     model = loaded.model
     with torch.inference_mode():
-        return model(torch.tensor(ids), model.plan([Chunk(0, 0, len(ids))]), model.new_cache(1, len(ids)), logits_for=torch.arange(len(ids))).numpy()
+        return model(
+            torch.tensor(ids),
+            model.plan([Chunk(0, 0, len(ids))]),
+            model.new_cache(1, len(ids)),
+            logits_for=torch.arange(len(ids)),
+        ).numpy()
 
 
 @pytest.mark.parametrize("weights", list(TOLERANCE))
@@ -129,5 +136,7 @@ def test_the_real_model_in_a_compact_format_picks_the_fp32_models_tokens(smollm2
     ours, reference = last_logits(compact.model, ids), last_logits(smollm2.model, ids)
     likely = reference.topk(20).indices
     best, ours_best = int(reference.argmax()), int(ours.argmax())
-    assert ours_best == best or float(reference[best] - reference[ours_best]) < 0.5  # the same token, or a near-tie (bf16 on AMD)
+    assert (
+        ours_best == best or float(reference[best] - reference[ours_best]) < 0.5
+    )  # the same token, or a near-tie (bf16 on AMD)
     assert float((ours[likely] - reference[likely]).abs().max()) < 0.05 * float(reference.abs().max())

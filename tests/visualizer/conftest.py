@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 from channels.auth import AuthMiddlewareStack
 from channels.layers import channel_layers
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
-from django.test import override_settings
-
 from conftest import SERVICE_SKIP_PREFIX
+from django.test import override_settings
 from loops import run_async
+
 from visualizer.routing import websocket_urlpatterns
 from webapp.gateway.routing import ModelRoute
 from webapp.worker.service import serve
@@ -24,7 +25,15 @@ from webapp.worker.service import serve
 APP = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 
 CHROMIUM = os.environ.get("ROUNDTRIP_CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 
@@ -59,7 +68,9 @@ def page(browser: Any, daphne_server: Any) -> Iterator[Any]:
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on("console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None)
+    page.on(
+        "console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None
+    )
     page.goto(daphne_server.url + "/")
     page.wait_for_selector(".status.connected", timeout=15000)
     yield page
@@ -80,7 +91,9 @@ def screenshot() -> Any:
 
 
 @pytest.fixture
-def with_worker(tiny_model_path: Path) -> Iterator[Callable[[Callable[[WebsocketCommunicator], Awaitable[None]]], None]]:
+def with_worker(
+    tiny_model_path: Path,
+) -> Iterator[Callable[[Callable[[WebsocketCommunicator], Awaitable[None]]], None]]:
     """Run a test body against a connected socket, with an in-process worker serving the tiny model."""
     models = [{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]
 

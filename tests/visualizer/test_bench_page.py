@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -36,7 +37,9 @@ def run(page: Any, runs: int, model: str = "tiny", max_tokens: int = 8) -> None:
     page.wait_for_function("document.getElementById('progress-text').textContent.includes('done')", timeout=60000)
 
 
-def test_the_page_measures_streams_in_the_browser_and_agrees_with_the_usage_log(bench: Any, daphne_server: Any, screenshot: Any) -> None:
+def test_the_page_measures_streams_in_the_browser_and_agrees_with_the_usage_log(
+    bench: Any, daphne_server: Any, screenshot: Any
+) -> None:
     run(bench, runs=3)
     assert bench.inner_text('#summary td[data-col="ok"]') == "3/3"
     assert bench.locator("#charts canvas").count() >= 4  # TTFT, tokens/s, ITL by token, distribution
@@ -47,16 +50,23 @@ def test_the_page_measures_streams_in_the_browser_and_agrees_with_the_usage_log(
     runs = saved["lanes"][0]["runs"]
     assert len(runs) == 3 and all(r["status"] == 200 and r["error"] == "" for r in runs)
     deadline = time.monotonic() + 10
-    while UsageRecord.objects.filter(request_id__in=[r["request_id"] for r in runs]).count() < 3 and time.monotonic() < deadline:
+    while (
+        UsageRecord.objects.filter(request_id__in=[r["request_id"] for r in runs]).count() < 3
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     for r in runs:
         row = UsageRecord.objects.get(request_id=r["request_id"])
         assert row.status == 200 and row.completion_tokens == r["tokens"]
-        assert 0 <= r["ttft_ms"] - row.ttft_ms < 1000  # the browser's clock starts before the gateway's and ends after it
+        assert (
+            0 <= r["ttft_ms"] - row.ttft_ms < 1000
+        )  # the browser's clock starts before the gateway's and ends after it
         assert r["server_ttft_ms"] is not None and r["server_ttft_ms"] <= r["ttft_ms"]
 
 
-def test_a_saved_result_opens_read_only_at_its_link_and_exports(bench: Any, daphne_server: Any, browser: Any, screenshot: Any) -> None:
+def test_a_saved_result_opens_read_only_at_its_link_and_exports(
+    bench: Any, daphne_server: Any, browser: Any, screenshot: Any
+) -> None:
     run(bench, runs=2)
     live_ttft = bench.inner_text('#summary td[data-col="ttft"]')
     bench.click("#save")

@@ -11,16 +11,17 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 import torch
+from servers import server_env, start, stop, wait_ready
 
 from inference.batch import Chunk
-
-from servers import server_env, start, stop, wait_ready
 
 pytestmark = pytest.mark.django_db(transaction=True)
 STAGES = ["request", "gateway", "tokens", "context", "forward", "sampling", "stream", "detok", "latency"]
 
 
-def ask(page: Any, text: str, *, level: str = "summary", speed: str = "live", model: str = "smollm2-135m-instruct") -> None:
+def ask(
+    page: Any, text: str, *, level: str = "summary", speed: str = "live", model: str = "smollm2-135m-instruct"
+) -> None:
     page.select_option("#model", model)
     page.select_option("#level", level)
     page.check(f'input[name="speed"][value="{speed}"]')
@@ -37,29 +38,48 @@ def wait_done(page: Any) -> None:
     page.wait_for_function("!document.getElementById('send').disabled", timeout=60000)
 
 
-def test_the_seed_question_streams_and_fills_every_stage_with_real_values(page: Any, daphne_server: Any, make_key: Any, screenshot: Any) -> None:
+def test_the_seed_question_streams_and_fills_every_stage_with_real_values(
+    page: Any, daphne_server: Any, make_key: Any, screenshot: Any
+) -> None:
     ask(page, "What's the capital of India?", level="full")
-    page.wait_for_function("document.querySelector('.bubble.assistant .text').textContent.includes('New Delhi')", timeout=60000)
+    page.wait_for_function(
+        "document.querySelector('.bubble.assistant .text').textContent.includes('New Delhi')", timeout=60000
+    )
     wait_done(page)
     assert answer(page) == "The capital of India is New Delhi."
 
     # 1. the request JSON as it left
     sent = json.loads(page.inner_text('#stage-request [data-field="json"]'))
-    assert sent["messages"][-1] == {"role": "user", "content": "What's the capital of India?"} and sent["level"] == "full"
+    assert (
+        sent["messages"][-1] == {"role": "user", "content": "What's the capital of India?"} and sent["level"] == "full"
+    )
     # 2. gateway checks, rate gauge, route and usage-log entry
-    assert [li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()] == ["authenticate", "rate_limit", "route", "usage_log"]
+    assert [li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()] == [
+        "authenticate",
+        "rate_limit",
+        "route",
+        "usage_log",
+    ]
     assert "smollm2-135m-instruct" in page.inner_text('#stage-gateway [data-field="route"]')
     assert "200 stop, 27 + 9 tokens" in page.inner_text('#stage-gateway [data-field="usage"]')
     # 3. token chips carry the ids /v1/tokenize gives
-    chip_ids = [int(i) for i in page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => n.dataset.id)")]
-    r = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "What's the capital of India?"}, headers={"Authorization": f"Bearer {make_key()}"})
+    chip_ids = [
+        int(i) for i in page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => n.dataset.id)")
+    ]
+    r = httpx.post(
+        f"{daphne_server.api}/tokenize",
+        json={"model": "smollm2", "text": "What's the capital of India?"},
+        headers={"Authorization": f"Bearer {make_key()}"},
+    )
     assert chip_ids == r.json()["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
     # 4. context segments and fill
     assert page.locator("#stage-context .segment.message").inner_text().startswith("your message (7)")
     assert "27 prompt tokens" in page.inner_text('#stage-context [data-field="fill-text"]')
     # 5. forward pass with the full-level pictures
     assert page.locator("#stage-forward .layer").count() == 30
-    assert page.locator('#stage-forward [data-field="lens"] tbody tr').count() == 6  # live: six evenly spaced layers; on demand: all 30
+    assert (
+        page.locator('#stage-forward [data-field="lens"] tbody tr').count() == 6
+    )  # live: six evenly spaced layers; on demand: all 30
     assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
     assert "decoded together with" in page.inner_text('#stage-forward [data-field="batch"]')
     assert page.inner_text('#stage-forward [data-field="weights"]').startswith("weights: fp32")  # the tests pin fp32
@@ -93,12 +113,16 @@ def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screensh
     # both halves of every layer and the picked layer's neurons, recomputed
     assert page.locator("#inspection .neurons li").count() == 8 and "layer 29:" in page.inner_text("#inspection")
     page.click("#inspection .chart + details.numbers summary")
-    page.locator("#inspection .chart + details.numbers tbody tr").nth(29).wait_for(timeout=10000)  # the chart fills it when drawn
+    page.locator("#inspection .chart + details.numbers tbody tr").nth(29).wait_for(
+        timeout=10000
+    )  # the chart fills it when drawn
     assert page.locator("#inspection .chart + details.numbers tbody tr").count() == 30
     screenshot(page.locator("#token-dialog"), "token-detail")
 
 
-def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page: Any, tmp_path: Path, smollm2: Any, screenshot: Any) -> None:
+def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(
+    page: Any, tmp_path: Path, smollm2: Any, screenshot: Any
+) -> None:
     ask(page, "What's the capital of India?")
     wait_done(page)
     recorded = exported(page, tmp_path)
@@ -127,8 +151,17 @@ def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(page:
         token, _, adjusted, _ = row.locator("td").all_inner_texts()
         token_id = smollm2.tokenizer.encode(token.replace("·", " ")).ids[0]
         assert abs(float(adjusted.rstrip("%")) - float(expected[token_id]) * 100) < 0.05, token
-    other = next((o for o in (draw(temperature=2, top_k=2, min_p=0, seed=seed) for seed in range(1, 6)) if "Drawn: ·Mumbai" in o), "")
-    assert "A different token" in other  # two near-equal candidates left: some seed picks the other (the page's rate limit allows 10 asks a minute)
+    other = next(
+        (
+            o
+            for o in (draw(temperature=2, top_k=2, min_p=0, seed=seed) for seed in range(1, 6))
+            if "Drawn: ·Mumbai" in o
+        ),
+        "",
+    )
+    assert (
+        "A different token" in other
+    )  # two near-equal candidates left: some seed picks the other (the page's rate limit allows 10 asks a minute)
     screenshot(page.locator("#token-dialog"), "what-if")
     # the branch: the answer up to that token, then the model goes on from " Mumbai"
     page.click('#what-if [data-field="branch"]')
@@ -147,7 +180,9 @@ def test_step_mode_advances_one_token_per_click(page: Any, screenshot: Any) -> N
     assert page.locator(".bubble.assistant .tok").count() == 1
     for expected in (2, 3, 4):
         page.click("#next")
-        page.wait_for_function(f"document.querySelectorAll('.bubble.assistant .tok').length === {expected}", timeout=30000)
+        page.wait_for_function(
+            f"document.querySelectorAll('.bubble.assistant .tok').length === {expected}", timeout=30000
+        )
         page.wait_for_timeout(300)
         assert page.locator(".bubble.assistant .tok").count() == expected
     assert answer(page) == "The capital of India"
@@ -169,7 +204,10 @@ def test_an_exported_run_replays_without_the_model(page: Any, tmp_path: Path, sc
     page.click("#new-conversation")
     page.set_input_files("#import-run", str(path))
     page.click("#replay-run")
-    page.wait_for_function("document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'", timeout=30000)
+    page.wait_for_function(
+        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'",
+        timeout=30000,
+    )
     assert page.inner_text(".bubble.user .text").startswith("(replay)")
     assert page.locator("#stage-tokens .chip").count() == 7
     screenshot(page, "replay")
@@ -198,10 +236,16 @@ def exported(page: Any, tmp_path: Path) -> dict[str, Any]:
 
 
 def trace_events(recorded: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [f["frame"]["event"] for f in recorded["frames"] if f["frame"]["type"] == "trace" and f["frame"]["event"]["event"] == kind]
+    return [
+        f["frame"]["event"]
+        for f in recorded["frames"]
+        if f["frame"]["type"] == "trace" and f["frame"]["event"]["event"] == kind
+    ]
 
 
-def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any, tmp_path: Path, screenshot: Any) -> None:
+def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(
+    page: Any, tmp_path: Path, screenshot: Any
+) -> None:
     ask(page, "What's the capital of India?", level="full")
     wait_done(page)
     forward = "#stage-forward"
@@ -228,7 +272,9 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(page: Any,
     assert "head 2" in tip and "“·India” (position 19, your message, id 3089)" in tip and f"weight {weight:.4f}" in tip
     # the same numbers as a table: a row per key token, a column per head
     page.click(f"{heads} details.numbers summary")
-    page.locator(f"{heads} details.numbers tbody tr").nth(19).wait_for(timeout=10000)  # rendered when the toggle event comes
+    page.locator(f"{heads} details.numbers tbody tr").nth(19).wait_for(
+        timeout=10000
+    )  # rendered when the toggle event comes
     row = page.locator(f"{heads} details.numbers tbody tr").nth(19).locator("td").all_inner_texts()
     assert len(row) == 9 and abs(float(row[2]) - weight) < 5e-5
 
@@ -258,8 +304,10 @@ def test_every_prompt_row_of_a_layer_is_recomputed_on_demand(page: Any, screensh
     page.locator(f'{forward} [data-field="layer-pick"]').fill("3")
     assert page.inner_text(f'{forward} [data-field="matrix-full"]').startswith("Every prompt row")
     page.click(f'{forward} [data-field="matrix-full"]')
-    page.wait_for_function(f"document.querySelector('{forward} [data-field=\"matrix-status\"]').textContent.startsWith('every prompt row')",
-                           timeout=30000)
+    page.wait_for_function(
+        f"document.querySelector('{forward} [data-field=\"matrix-status\"]').textContent.startsWith('every prompt row')",
+        timeout=30000,
+    )
     rows = page.locator(f"{matrix} .hm-row").all_inner_texts()
     assert len(rows) == 27 + 8 and rows[0] == "<|im_start|>" and rows[19] == "·India" and rows[27] == "The"
     numbers = page.locator(f"{matrix} details.numbers")  # a table row per key token, a column per query row
@@ -268,7 +316,9 @@ def test_every_prompt_row_of_a_layer_is_recomputed_on_demand(page: Any, screensh
     on_first = numbers.locator("tbody tr").nth(0).locator("td").all_inner_texts()
     on_second = numbers.locator("tbody tr").nth(1).locator("td").all_inner_texts()
     assert on_first[0] == "1"  # position 0 sees only itself: all of its attention
-    assert on_second[0] == "—" and on_second[1] != "—"  # causal: position 1 is after the first query, not after the second
+    assert (
+        on_second[0] == "—" and on_second[1] != "—"
+    )  # causal: position 1 is after the first query, not after the second
     screenshot(page.locator(forward), "prompt-matrix")
 
 
@@ -296,7 +346,9 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     recorded = exported(page, tmp_path)
     detail = [f for f in trace_events(recorded, "forward") if f["detail"]][-1]["detail"]
     # the layer stack: every layer in two halves
-    assert page.locator(f"{forward} .layer").count() == 30 and page.locator(f"{forward} .layer .half.attn").count() == 30
+    assert (
+        page.locator(f"{forward} .layer").count() == 30 and page.locator(f"{forward} .layer .half.attn").count() == 30
+    )
     assert page.locator(f"{forward} .layer .half.ffn").count() == 30
     # the chart: one bar pair per layer, its numbers those of the trace
     halves = page.locator(f'{forward} [data-field="halves"] + details.numbers')
@@ -320,7 +372,10 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     lens = page.locator(f'{forward} [data-field="lens"] tbody tr')
     assert lens.count() == 6 and lens.last.get_attribute("class") == "picked"
     last = lens.last.locator("td").all_inner_texts()
-    assert last[0] == f"{detail['logit_lens_after_attention'][-1]['token'].replace(' ', '·')} {detail['logit_lens_after_attention'][-1]['prob'] * 100:.1f}%"
+    assert (
+        last[0]
+        == f"{detail['logit_lens_after_attention'][-1]['token'].replace(' ', '·')} {detail['logit_lens_after_attention'][-1]['prob'] * 100:.1f}%"
+    )
     assert last[1].startswith("<|im_end|>")
     screenshot(page.locator(forward), "forward-both-halves")
 
@@ -329,12 +384,17 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert (context["rope_base"], context["rope_dim"]) == (100000.0, 64)  # SmolLM2's config
     page.locator(f'{forward} [data-field="head-view"] .hv-queries [data-pick="30"]').click()
     rope = f'{forward} [data-field="rope"]'
-    assert "for “·India” at position 30, and at position 14" in page.inner_text(f"{rope} caption")  # 31 positions, halves swapped
+    assert "for “·India” at position 30, and at position 14" in page.inner_text(
+        f"{rope} caption"
+    )  # 31 positions, halves swapped
     rows = page.locator(f"{rope} tbody tr")
     assert rows.locator("th").all_inner_texts() == ["0", "1", "2", "4", "8", "16", "31"]
     theta = 100000.0 ** (-2 * 4 / 64)
     cells = rows.nth(3).locator("td").all_inner_texts()
-    assert cells[0] == f"{theta:.4g}" and cells[1] == f"{30 * theta:.3f} ({math.degrees((30 * theta) % (2 * math.pi)):.1f}°)"
+    assert (
+        cells[0] == f"{theta:.4g}"
+        and cells[1] == f"{30 * theta:.3f} ({math.degrees((30 * theta) % (2 * math.pi)):.1f}°)"
+    )
     assert cells[2] == f"{14 * theta:.3f} ({math.degrees((14 * theta) % (2 * math.pi)):.1f}°)"
     assert "Shuffle the words" in page.inner_text(rope) and "base 100000 and d = 64" in page.inner_text(rope)
     screenshot(page.locator(rope), "forward-rope")
@@ -350,7 +410,10 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     old.write_text(json.dumps(recorded))
     page.set_input_files("#import-run", str(old))
     page.click("#replay-run")
-    page.wait_for_function("document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'", timeout=30000)
+    page.wait_for_function(
+        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'",
+        timeout=30000,
+    )
     page.wait_for_timeout(300)
     assert page.locator(f'{forward} [data-field="lens"] tbody tr').count() == 6 and page.inner_text(rope) == ""
 
@@ -374,7 +437,9 @@ def walk_the_tour(page: Any) -> list[str]:
         if n < 8:
             page.wait_for_selector("#tour [data-tour=next]:not([disabled])", timeout=30000)
             said.append(page.inner_text("#tour [data-tour=text]"))
-            if stage == "detok":  # the engine (or the replay) holds after the first token while the tour walks the stages
+            if (
+                stage == "detok"
+            ):  # the engine (or the replay) holds after the first token while the tour walks the stages
                 page.wait_for_timeout(400)
                 assert page.locator(".bubble.assistant:last-child .tok").count() == 1
             page.click("#tour [data-tour=next]")
@@ -383,7 +448,9 @@ def walk_the_tour(page: Any) -> list[str]:
     return said
 
 
-def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(page: Any, tmp_path: Path, screenshot: Any) -> None:
+def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(
+    page: Any, tmp_path: Path, screenshot: Any
+) -> None:
     from webapp.usage.models import UsageRecord
 
     page.select_option("#model", "smollm2-135m-instruct")
@@ -399,8 +466,12 @@ def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(page: Any
     recorded = exported(page, tmp_path)
     timings = trace_events(recorded, "finished")[0]["timings"]
     gateway = next(f["frame"] for f in recorded["frames"] if f["frame"]["type"] == "gateway")
-    parts = [("gateway", sum(s["ms"] for s in gateway["stages"])), ("queue", timings["queue"] * 1000), ("tokenize", timings["tokenize"] * 1000),
-             ("prefill", timings["prefill"] * 1000)]
+    parts = [
+        ("gateway", sum(s["ms"] for s in gateway["stages"])),
+        ("queue", timings["queue"] * 1000),
+        ("tokenize", timings["tokenize"] * 1000),
+        ("prefill", timings["prefill"] * 1000),
+    ]
     assert "Time to first token (TTFT) = " + " + ".join(f"{name} {ms_text(v)}" for name, v in parts) in said[-1]
     decode = sorted(f["duration"] * 1000 for f in trace_events(recorded, "forward") if f["phase"] == "decode")
     assert f"one decode step {ms_text((decode[3] + decode[4]) / 2)} + sampling" in said[-1] and "network" in said[-1]
@@ -409,13 +480,18 @@ def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(page: Any
     requests = UsageRecord.objects.count()
     page.click("#replay-tour")
     said = walk_the_tour(page)
-    page.wait_for_function("document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'", timeout=30000)
+    page.wait_for_function(
+        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'",
+        timeout=30000,
+    )
     assert "[1780, 506, 260, 3575, 282, 3089, 47]" in said[2] and "Time to first token" in said[-1]
     assert UsageRecord.objects.count() == requests
     screenshot(page, "tour-replay")
 
 
-def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(page: Any, tmp_path: Path, screenshot: Any) -> None:
+def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(
+    page: Any, tmp_path: Path, screenshot: Any
+) -> None:
     ask(page, "What's the capital of India?")
     wait_done(page)
     rows = page.locator("#stage-loop .loop-strip li")
@@ -428,14 +504,22 @@ def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(pa
     assert rows.nth(4).locator(".loop-out").inner_text() == "·is"
     assert [rows.nth(n).locator(".loop-kv-n").inner_text() for n in range(9)] == [f"KV {27 + n}" for n in range(9)]
     last = rows.nth(8)
-    assert "eos" in last.get_attribute("class") and last.locator(".loop-out").inner_text() == "<|im_end|> (end of sequence)"
-    assert sampled[-1]["is_stop"] and last.locator(".loop-p").inner_text() == f"{math.exp(sampled[-1]['logprob']) * 100:.1f}%"
+    assert (
+        "eos" in last.get_attribute("class")
+        and last.locator(".loop-out").inner_text() == "<|im_end|> (end of sequence)"
+    )
+    assert (
+        sampled[-1]["is_stop"]
+        and last.locator(".loop-p").inner_text() == f"{math.exp(sampled[-1]['logprob']) * 100:.1f}%"
+    )
     screenshot(page.locator("#stage-loop"), "loop-strip")
 
     # the context stage: every prompt token with its position, as text
     chips = page.locator('#stage-context [data-field="positions"] .chip')
     assert chips.count() == 27
-    assert chips.nth(19).inner_text().split() == ["19", "·India", "3089"] and "seg-message" in chips.nth(19).get_attribute("class")
+    assert chips.nth(19).inner_text().split() == ["19", "·India", "3089"] and "seg-message" in chips.nth(
+        19
+    ).get_attribute("class")
     assert chips.nth(26).locator(".tok-pos").inner_text() == "26"
     screenshot(page.locator("#stage-context"), "context-positions")
 
@@ -456,7 +540,9 @@ def test_every_number_is_text_and_the_keyboard_reaches_tokens_and_stages(page: A
     itl.locator("summary").click()
     itl.locator("thead th").nth(2).wait_for(timeout=10000)  # the chart fills it when drawn
     assert itl.locator("thead th").all_inner_texts() == ["token", "browser", "server"]
-    assert itl.locator("tbody tr").count() >= 7 and itl.locator("tbody td").first.inner_text().replace(".", "").isdigit()
+    assert (
+        itl.locator("tbody tr").count() >= 7 and itl.locator("tbody td").first.inner_text().replace(".", "").isdigit()
+    )
     # arrow keys: between token chips, between stages, along the answer (Enter opens a token)
     page.locator("#stage-tokens .chip").first.focus()
     page.keyboard.press("ArrowRight")
@@ -505,17 +591,26 @@ def test_it_works_at_phone_width(page: Any, screenshot: Any) -> None:
     page.click("#tour [data-tour=next]")
     page.wait_for_selector("#stage-gateway.touring", timeout=10000)
     box = page.locator("#tour").bounding_box()
-    assert box["x"] >= 0 and box["x"] + box["width"] <= 390 and page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    assert (
+        box["x"] >= 0
+        and box["x"] + box["width"] <= 390
+        and page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    )
     screenshot(page, "phone-tour")
 
 
-def test_the_page_reconnects_after_the_server_drops_the_socket(browser: Any, tiny_model_path: Path, tmp_path: Path, screenshot: Any) -> None:
+def test_the_page_reconnects_after_the_server_drops_the_socket(
+    browser: Any, tiny_model_path: Path, tmp_path: Path, screenshot: Any
+) -> None:
     """A server of its own, stopped and started again on the same port under the open page."""
     from servers import free_port
 
     port = free_port()
-    env = {**server_env(), "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
-           "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+    env = {
+        **server_env(),
+        "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
+        "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
+    }
     from servers import manage
 
     manage(env, "migrate", "--noinput")
@@ -566,7 +661,9 @@ def test_tokens_faster_than_the_page_draws_are_never_lost(page: Any) -> None:
     ask(page, "go", model="tiny")
     wait_done(page)
     # the page draws at its own pace (frames may be skipped): wait for the usage line, do not assume it is there
-    page.wait_for_function("document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')", timeout=15000)
+    page.wait_for_function(
+        "document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')", timeout=15000
+    )
     shown = page.locator(".bubble.assistant .tok").count()
     usage = page.inner_text('#stage-gateway [data-field="usage"]')
     assert f"+ {shown} tokens" in usage or f"+ {shown + 1} tokens" in usage  # (+1: a final end-of-turn token)
@@ -586,22 +683,41 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         page.click("input[type=submit]")
         page.wait_for_selector(".status.connected", timeout=15000)
         page.wait_for_timeout(300)
-        reply = httpx.post(f"{daphne_server.api}/chat/completions", headers={"Authorization": f"Bearer {make_key()}"},
-                           json={"model": "smollm2", "messages": [{"role": "user", "content": "What's the capital of India?"}], "temperature": 0}, timeout=60)
+        reply = httpx.post(
+            f"{daphne_server.api}/chat/completions",
+            headers={"Authorization": f"Bearer {make_key()}"},
+            json={
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "What's the capital of India?"}],
+                "temperature": 0,
+            },
+            timeout=60,
+        )
         assert reply.status_code == 200
         page.wait_for_function("document.querySelector('#watch .bubble')?.textContent.length > 0", timeout=15000)
         page.wait_for_function("document.querySelector('#watch p').textContent.includes('tokens')", timeout=15000)
         assert page.inner_text("#watch .bubble") == reply.json()["choices"][0]["message"]["content"]
         assert reply.json()["id"] in page.inner_text("#watch h3")
         # every stage of the API request, traced at summary while staff watch: its tokens, context, sampling, loop
-        page.wait_for_function("document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')", timeout=15000)
-        chip_ids = [int(i) for i in page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => n.dataset.id)")]
+        page.wait_for_function(
+            "document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')",
+            timeout=15000,
+        )
+        chip_ids = [
+            int(i) for i in page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => n.dataset.id)")
+        ]
         assert chip_ids == [1780, 506, 260, 3575, 282, 3089, 47]
-        assert [li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()] == ["authenticate", "rate_limit", "route", "usage_log"]
+        assert [
+            li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()
+        ] == ["authenticate", "rate_limit", "route", "usage_log"]
         assert page.locator("#stage-context .segment.message").inner_text().startswith("your message (7)")
         assert page.inner_text("#stage-sampling .bar.chosen .tok") == "<|im_end|>"
-        assert page.locator("#stage-loop .loop-strip li").count() == reply.json()["usage"]["completion_tokens"]  # ending on <|im_end|>
-        assert page.locator('#stage-stream [data-field="frames"] li').count() >= 1 and page.inner_text('#stage-detok [data-field="appended"]')
+        assert (
+            page.locator("#stage-loop .loop-strip li").count() == reply.json()["usage"]["completion_tokens"]
+        )  # ending on <|im_end|>
+        assert page.locator('#stage-stream [data-field="frames"] li').count() >= 1 and page.inner_text(
+            '#stage-detok [data-field="appended"]'
+        )
         screenshot(page, "watch")
     finally:
         context.close()
@@ -617,8 +733,12 @@ def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_pa
     from servers import free_port, manage
 
     port = free_port()
-    env = {**server_env(), "ROUNDTRIP_CACHE_DIR": str(tmp_path / "cold-cache"), "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
-           "ROUNDTRIP_MODELS": json.dumps([{"id": "smollm2-135m-instruct", "path": "", "aliases": []}])}
+    env = {
+        **server_env(),
+        "ROUNDTRIP_CACHE_DIR": str(tmp_path / "cold-cache"),
+        "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
+        "ROUNDTRIP_MODELS": json.dumps([{"id": "smollm2-135m-instruct", "path": "", "aliases": []}]),
+    }
     manage(env, "migrate", "--noinput")
     server = start(env, tmp_path / "server.log", "serve", "--port", str(port))
     context = browser.new_context(bypass_csp=True)
@@ -651,7 +771,9 @@ def test_a_second_turn_shows_the_positions_the_prefix_cache_supplied(page: Any, 
     screenshot(page.locator("#stage-context"), "context-prefix-cache")
 
 
-def test_a_full_batch_makes_the_page_say_it_waits_and_then_it_runs(page: Any, daphne_server: Any, make_key: Any, screenshot: Any) -> None:
+def test_a_full_batch_makes_the_page_say_it_waits_and_then_it_runs(
+    page: Any, daphne_server: Any, make_key: Any, screenshot: Any
+) -> None:
     """The test server decodes 4 sequences at once: with 4 long API streams running, a page turn waits its turn."""
     import threading
 
@@ -659,8 +781,20 @@ def test_a_full_batch_makes_the_page_say_it_waits_and_then_it_runs(page: Any, da
     started = [threading.Event() for _ in range(4)]
 
     def hog(i: int) -> None:
-        body = {"model": "smollm2", "messages": [{"role": "user", "content": f"story {i}"}], "max_tokens": 60, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120) as r:
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": f"story {i}"}],
+            "max_tokens": 60,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST",
+            f"{daphne_server.api}/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+        ) as r:
             for line in r.iter_lines():
                 if '"content"' in line:
                     started[i].set()
@@ -703,7 +837,9 @@ def test_the_page_runs_under_its_content_security_policy(browser: Any, daphne_se
     page = context.new_page()
     problems: list[str] = []
     page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on("console", lambda message: problems.append(message.text) if "Content Security Policy" in message.text else None)
+    page.on(
+        "console", lambda message: problems.append(message.text) if "Content Security Policy" in message.text else None
+    )
     try:
         response = page.goto(daphne_server.url + "/")
         assert response is not None and "script-src 'self'" in response.headers["content-security-policy"]

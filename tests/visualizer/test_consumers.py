@@ -12,7 +12,12 @@ from visualizer.models import Conversation
 from webapp.usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
-CHAT = {"type": "chat", "model": "tiny", "messages": [{"role": "user", "content": "the heat is on"}], "params": {"temperature": 0, "max_tokens": 4}}
+CHAT = {
+    "type": "chat",
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "the heat is on"}],
+    "params": {"temperature": 0, "max_tokens": 4},
+}
 
 
 async def _until(communicator: WebsocketCommunicator, kind: str, timeout: float = 30) -> list[dict[str, Any]]:
@@ -36,7 +41,9 @@ def test_a_turn_sends_every_stage_in_order(with_worker: Any) -> None:
         batch = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "batch")
         assert batch["batch_size"] == 1 and batch["requests"] == [frames[0]["request_id"]]
         gateway = frames[1]
-        assert [s["name"] for s in gateway["stages"]] == ["authenticate", "rate_limit", "route"] and gateway["model"] == "tiny"
+        assert [s["name"] for s in gateway["stages"]] == ["authenticate", "rate_limit", "route"] and gateway[
+            "model"
+        ] == "tiny"
         finished = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "finished")
         sampled = [f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "sampled"]
         assert len(sampled) == 4 and all(s["detail"]["candidates"] for s in sampled)
@@ -57,10 +64,19 @@ def test_full_level_sends_bounded_attention(with_worker: Any) -> None:
         assert len(forward["detail"]["logit_lens"]) == 2 and len(forward["detail"]["residual_norms"]) == 3
         detail = forward["detail"]  # both halves of each layer, as the page draws them
         assert len(detail["attention_update_norms"]) == len(detail["feed_forward_update_norms"]) == 2
-        assert [g["layer"] for g in detail["logit_lens_after_attention"]] == [0, 1] and detail["logit_lens_after_attention"][0]["token"]
-        assert [len(layer) for layer in detail["top_neurons"]] == [8, 8] and set(detail["top_neurons"][0][0]) == {"index", "gate", "up", "activation"}
+        assert [g["layer"] for g in detail["logit_lens_after_attention"]] == [0, 1] and detail[
+            "logit_lens_after_attention"
+        ][0]["token"]
+        assert [len(layer) for layer in detail["top_neurons"]] == [8, 8] and set(detail["top_neurons"][0][0]) == {
+            "index",
+            "gate",
+            "up",
+            "activation",
+        }
         context = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "context")
-        assert context["rope_base"] == 10000.0 and context["rope_dim"] == 16  # the tiny model's: positions shown with its own numbers
+        assert (
+            context["rope_base"] == 10000.0 and context["rope_dim"] == 16
+        )  # the tiny model's: positions shown with its own numbers
 
     with_worker(body)
 
@@ -96,7 +112,10 @@ def test_step_mode_sends_one_token_per_next(with_worker: Any) -> None:
         ('{"type": "chat", "n": ' + "9" * 5001 + "}", "bad_message"),  # beyond Python's integer digit limit
         ('{"type": "chat", "x": NaN}', "bad_message"),
         ('{"type": "chat", "messages": [{"role": "user", "content": "\\ud800"}]}', "bad_message"),  # a lone surrogate
-        (json.dumps({"type": "inspect", "model": "tiny", "ids": 5}), "invalid_request_error"),  # once a TypeError that killed the socket
+        (
+            json.dumps({"type": "inspect", "model": "tiny", "ids": 5}),
+            "invalid_request_error",
+        ),  # once a TypeError that killed the socket
     ],
 )
 def test_malformed_frames_get_an_error_frame_and_the_socket_stays_open(with_worker: Any, raw: str, code: str) -> None:
@@ -167,7 +186,9 @@ def test_the_page_can_ask_for_the_prompts_full_attention_matrix(with_worker: Any
             assert error["type"] == "error" and words in error["message"]
 
     with_worker(body)
-    assert list(UsageRecord.objects.filter(endpoint="ws.prompt_attention").order_by("id").values_list("status", flat=True)) == [200, 400, 400]
+    assert list(
+        UsageRecord.objects.filter(endpoint="ws.prompt_attention").order_by("id").values_list("status", flat=True)
+    ) == [200, 400, 400]
 
 
 def test_the_page_can_ask_what_if_a_step_had_been_sampled_otherwise(with_worker: Any) -> None:
@@ -197,7 +218,9 @@ def test_the_page_can_ask_what_if_a_step_had_been_sampled_otherwise(with_worker:
     assert rows == [200, 200, 400, 400]  # one usage row per question, answered or refused
 
 
-def test_an_unexpected_failure_mid_turn_gets_an_error_frame_and_an_error_row(with_worker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unexpected_failure_mid_turn_gets_an_error_frame_and_an_error_row(
+    with_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The page's turn runs the gateway's one lifecycle: a bug anywhere in generation is a server_error frame (without its
     internal text), then the usage frame and done; the usage row says 500."""
     from webapp.gateway.client import Generation

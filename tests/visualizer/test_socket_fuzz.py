@@ -14,31 +14,86 @@ from webapp.usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FRAMES = 120
-CHAT = {"type": "chat", "model": "tiny", "messages": [{"role": "user", "content": "the heat is on"}], "params": {"temperature": 0, "max_tokens": 4}}
+CHAT = {
+    "type": "chat",
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "the heat is on"}],
+    "params": {"temperature": 0, "max_tokens": 4},
+}
 
 
 def _value(rng: random.Random, depth: int = 0) -> Any:
     """Something a careless or hostile client might put anywhere."""
-    choices: list[Any] = [None, True, -1, 0, 2**70, 1e308, -0.0, "", "x" * rng.randint(1, 300), "<|im_end|>", "\u202e\u0000é🇮🇳",
-                          [], {}, "tiny", "summary", "full", 3.5]
+    choices: list[Any] = [
+        None,
+        True,
+        -1,
+        0,
+        2**70,
+        1e308,
+        -0.0,
+        "",
+        "x" * rng.randint(1, 300),
+        "<|im_end|>",
+        "\u202e\u0000é🇮🇳",
+        [],
+        {},
+        "tiny",
+        "summary",
+        "full",
+        3.5,
+    ]
     if depth < 3:
-        choices += [[_value(rng, depth + 1) for _ in range(rng.randint(1, 3))], {rng.choice(["role", "content", "type", "a"]): _value(rng, depth + 1)}]
+        choices += [
+            [_value(rng, depth + 1) for _ in range(rng.randint(1, 3))],
+            {rng.choice(["role", "content", "type", "a"]): _value(rng, depth + 1)},
+        ]
     return rng.choice(choices)
 
 
 def _frame(rng: random.Random) -> str:
     kind = rng.random()
     if kind < 0.15:  # not JSON, or not an object
-        return rng.choice([" ", "{", "null", "[]", '"chat"', "{\"type\": }", "\ud800".encode("utf-8", "surrogatepass").decode("latin-1"),
-                           '{"type": "chat", "messages": [{"role": "user", "content": "\\udc00"}]}', "[" * 5000, '{"n": ' + "1" * 5000 + "}"])
+        return rng.choice(
+            [
+                " ",
+                "{",
+                "null",
+                "[]",
+                '"chat"',
+                '{"type": }',
+                "\ud800".encode("utf-8", "surrogatepass").decode("latin-1"),
+                '{"type": "chat", "messages": [{"role": "user", "content": "\\udc00"}]}',
+                "[" * 5000,
+                '{"n": ' + "1" * 5000 + "}",
+            ]
+        )
     frame: dict[str, Any] = json.loads(json.dumps(CHAT))
     frame["params"] = dict(frame["params"])
     for _ in range(rng.randint(1, 3)):
-        target = rng.choice(["type", "model", "messages", "params", "level", "step", "conversation", "extra", "param", "message", "ids"])
+        target = rng.choice(
+            ["type", "model", "messages", "params", "level", "step", "conversation", "extra", "param", "message", "ids"]
+        )
         if target == "param":
-            frame["params"][rng.choice(["temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "logit_bias", "response_format", "n"])] = _value(rng)
+            frame["params"][
+                rng.choice(
+                    [
+                        "temperature",
+                        "top_p",
+                        "top_k",
+                        "max_tokens",
+                        "seed",
+                        "stop",
+                        "logit_bias",
+                        "response_format",
+                        "n",
+                    ]
+                )
+            ] = _value(rng)
         elif target == "message":
-            frame["messages"] = [{"role": rng.choice(["user", "system", "assistant", "tool", "robot"]), "content": _value(rng)}]
+            frame["messages"] = [
+                {"role": rng.choice(["user", "system", "assistant", "tool", "robot"]), "content": _value(rng)}
+            ]
         elif target == "type":
             frame["type"] = rng.choice(["chat", "inspect", "next", "cancel", "ping", "watch", _value(rng)])
         else:

@@ -13,13 +13,16 @@ import openai
 import pytest
 from django.utils import timezone
 from openai import OpenAI
-
 from servers import clear_of_minute_edge
+
 from webapp.keys.models import ApiKey
 from webapp.usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
-SEED_QUESTION = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What's the capital of India?"}]
+SEED_QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What's the capital of India?"},
+]
 HI = [{"role": "user", "content": "the heat is on"}]
 
 
@@ -39,7 +42,9 @@ def _usage(request_id: str, timeout: float = 10.0) -> UsageRecord:
 
 
 def test_the_seed_question_through_the_sdk(daphne_server: Any, make_key: Any) -> None:
-    reply = sdk(daphne_server, make_key()).chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0)  # type: ignore[arg-type]
+    reply = sdk(daphne_server, make_key()).chat.completions.create(
+        model="smollm2", messages=SEED_QUESTION, temperature=0
+    )  # type: ignore[arg-type]
     assert reply.choices[0].message.content == "The capital of India is New Delhi."
     assert reply.choices[0].finish_reason == "stop"
     assert reply.model == "smollm2-135m-instruct" and reply.object == "chat.completion"
@@ -53,7 +58,9 @@ def test_the_seed_question_through_the_sdk(daphne_server: Any, make_key: Any) ->
 
 def test_streaming_text_equals_the_non_streamed_answer(daphne_server: Any, make_key: Any) -> None:
     client = sdk(daphne_server, make_key())
-    stream = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, stream=True, stream_options={"include_usage": True})  # type: ignore[arg-type]
+    stream = client.chat.completions.create(
+        model="smollm2", messages=SEED_QUESTION, temperature=0, stream=True, stream_options={"include_usage": True}
+    )  # type: ignore[arg-type]
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "The capital of India is New Delhi."
@@ -64,7 +71,9 @@ def test_streaming_text_equals_the_non_streamed_answer(daphne_server: Any, make_
 
 
 def test_logprobs_and_top_logprobs(daphne_server: Any, make_key: Any) -> None:
-    reply = sdk(daphne_server, make_key()).chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, logprobs=True, top_logprobs=3)  # type: ignore[arg-type]
+    reply = sdk(daphne_server, make_key()).chat.completions.create(
+        model="smollm2", messages=SEED_QUESTION, temperature=0, logprobs=True, top_logprobs=3
+    )  # type: ignore[arg-type]
     content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and "".join(t.token for t in content) == "The capital of India is New Delhi."
     for token in content:
@@ -92,8 +101,12 @@ def test_a_stop_string_ends_the_answer_before_it(daphne_server: Any, make_key: A
 
 def test_max_tokens_ends_with_length(daphne_server: Any, make_key: Any) -> None:
     # ignore_eos: the tiny random model may otherwise sample an end-of-turn token within 5 tokens (a stop, not a length)
-    reply = sdk(daphne_server, make_key()).chat.completions.create(model="tiny", messages=HI, max_completion_tokens=5,  # type: ignore[arg-type]
-                                                                   extra_body={"ignore_eos": True})
+    reply = sdk(daphne_server, make_key()).chat.completions.create(
+        model="tiny",
+        messages=HI,
+        max_completion_tokens=5,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True},
+    )
     assert reply.choices[0].finish_reason == "length" and reply.usage is not None and reply.usage.completion_tokens == 5
 
 
@@ -102,26 +115,48 @@ def test_models_lists_ids_and_load_status(daphne_server: Any, make_key: Any) -> 
     assert [m.id for m in models] == ["tiny", "smollm2-135m-instruct"]
     status = (models[1].model_extra or {})["status"]
     assert status["state"] == "ready"
-    assert status["weights"].startswith("fp32") and status["weights"].endswith(" MB")  # format and size, as the server holds it
+    assert status["weights"].startswith("fp32") and status["weights"].endswith(
+        " MB"
+    )  # format and size, as the server holds it
 
 
 def test_tokenize_matches_llama_cpp(daphne_server: Any, make_key: Any) -> None:
-    r = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "What's the capital of India?"}, headers={"Authorization": f"Bearer {make_key()}"})
+    r = httpx.post(
+        f"{daphne_server.api}/tokenize",
+        json={"model": "smollm2", "text": "What's the capital of India?"},
+        headers={"Authorization": f"Bearer {make_key()}"},
+    )
     assert r.status_code == 200
     assert r.json()["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
     assert r.json()["tokens"][3] == " capital"
 
 
 def test_the_exact_sse_bytes(daphne_server: Any, make_key: Any) -> None:
-    body = {"model": "tiny", "messages": HI, "max_tokens": 4, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {make_key()}"}, timeout=60) as r:
+    body = {
+        "model": "tiny",
+        "messages": HI,
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream(
+        "POST",
+        f"{daphne_server.api}/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {make_key()}"},
+        timeout=60,
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         raw = b"".join(r.iter_bytes())
     events = raw.split(b"\n\n")
     assert events[-1] == b"" and events[-2] == b"data: [DONE]"
     payloads = [json.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
     assert all(e.startswith(b"data: {") and b"\n" not in e for e in events[:-2])
-    assert all(p["object"] == "chat.completion.chunk" and p["id"] == payloads[0]["id"] and p["model"] == "tiny" for p in payloads)
+    assert all(
+        p["object"] == "chat.completion.chunk" and p["id"] == payloads[0]["id"] and p["model"] == "tiny"
+        for p in payloads
+    )
     assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert payloads[-2]["choices"][0]["finish_reason"] == "length" and payloads[-2]["choices"][0]["delta"] == {}
     assert payloads[-1]["choices"] == [] and payloads[-1]["usage"]["completion_tokens"] == 4
@@ -137,7 +172,9 @@ def test_the_exact_sse_bytes(daphne_server: Any, make_key: Any) -> None:
         ({"model": "tiny", "messages": []}, openai.BadRequestError, None),
     ],
 )
-def test_bad_requests_raise_the_sdks_matching_error(daphne_server: Any, make_key: Any, request_kwargs: dict[str, Any], exception: type, code: str | None) -> None:
+def test_bad_requests_raise_the_sdks_matching_error(
+    daphne_server: Any, make_key: Any, request_kwargs: dict[str, Any], exception: type, code: str | None
+) -> None:
     kwargs: dict[str, Any] = {"messages": HI, **request_kwargs}
     with pytest.raises(exception) as info:
         sdk(daphne_server, make_key()).chat.completions.create(**kwargs)
@@ -147,7 +184,10 @@ def test_bad_requests_raise_the_sdks_matching_error(daphne_server: Any, make_key
 
 
 def test_keys_that_cannot_be_used_get_401(daphne_server: Any, make_key: Any) -> None:
-    revoked, expired = make_key(name="revoked"), make_key(name="expired", expires_at=timezone.now() - timedelta(seconds=1))
+    revoked, expired = (
+        make_key(name="revoked"),
+        make_key(name="expired", expires_at=timezone.now() - timedelta(seconds=1)),
+    )
     ApiKey.objects.get(name="revoked").revoke()
     for key, words in [("rt-unknown", "Incorrect API key"), (revoked, "revoked"), (expired, "expired")]:
         with pytest.raises(openai.AuthenticationError, match=words):
@@ -168,7 +208,12 @@ def test_rate_limits_hold_exactly_under_parallel_requests(daphne_server: Any, ma
     key = make_key(requests_per_minute=5)
 
     def call(_: int) -> httpx.Response:
-        return httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        return httpx.post(
+            f"{daphne_server.api}/chat/completions",
+            json={"model": "tiny", "messages": HI, "max_tokens": 2},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
 
     clear_of_minute_edge()
     with ThreadPoolExecutor(12) as pool:
@@ -177,7 +222,10 @@ def test_rate_limits_hold_exactly_under_parallel_requests(daphne_server: Any, ma
     assert statuses == [200] * 5 + [429] * 7
     refused = next(r for r in responses if r.status_code == 429)
     assert int(refused.headers["retry-after"]) >= 1
-    assert refused.headers["x-ratelimit-limit-requests"] == "5" and refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert (
+        refused.headers["x-ratelimit-limit-requests"] == "5"
+        and refused.headers["x-ratelimit-remaining-requests"] == "0"
+    )
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     ok = next(r for r in responses if r.status_code == 200)
     assert ok.headers["x-ratelimit-limit-requests"] == "5"
@@ -198,7 +246,9 @@ def test_many_streams_at_once_all_get_their_own_answer(daphne_server: Any, make_
         kwargs: dict[str, Any] = {"model": "tiny", "messages": HI, "temperature": 1.0, "seed": seed, "max_tokens": 60}
         if not stream:
             return client.chat.completions.create(**kwargs).choices[0].message.content or ""
-        return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs) if c.choices)
+        return "".join(
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs) if c.choices
+        )
 
     expected = {seed: ask(seed, stream=False) for seed in range(6)}
     with ThreadPoolExecutor(6) as pool:
@@ -211,7 +261,9 @@ def test_overload_gets_503_with_retry_after(daphne_server: Any, make_key: Any) -
 
     def call(_: int) -> httpx.Response:
         body = {"model": "smollm2", "messages": HI, "max_tokens": 20}  # the real model: slow enough to pile up
-        return httpx.post(f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        return httpx.post(
+            f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
+        )
 
     with ThreadPoolExecutor(16) as pool:
         responses = list(pool.map(call, range(16)))
@@ -220,10 +272,23 @@ def test_overload_gets_503_with_retry_after(daphne_server: Any, make_key: Any) -
     assert overloaded[0].json()["error"]["code"] == "overloaded" and int(overloaded[0].headers["retry-after"]) >= 1
 
 
-def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(daphne_server: Any, make_key: Any) -> None:
+def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(
+    daphne_server: Any, make_key: Any
+) -> None:
     key = make_key(concurrent_streams=1)
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 400, "stream": True}
-    with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60) as r:
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+        "max_tokens": 400,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST",
+        f"{daphne_server.api}/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    ) as r:
         request_id = r.headers["x-request-id"]
         lines = r.iter_lines()
         for _ in range(6):
@@ -232,14 +297,20 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(d
     assert (row.status, row.finish_reason) == (499, "cancelled")
     assert 0 < row.completion_tokens < 400
     # its one concurrent stream is free again (ignore_eos: a sampled end-of-turn cannot end it early)
-    reply = sdk(daphne_server, key).chat.completions.create(model="tiny", messages=HI, max_tokens=2, extra_body={"ignore_eos": True})  # type: ignore[arg-type]
+    reply = sdk(daphne_server, key).chat.completions.create(
+        model="tiny", messages=HI, max_tokens=2, extra_body={"ignore_eos": True}
+    )  # type: ignore[arg-type]
     assert reply.choices[0].finish_reason == "length"
 
 
 def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, make_key: Any) -> None:
     key = make_key()
     before = UsageRecord.objects.count()
-    httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "nope", "messages": HI}, headers={"Authorization": f"Bearer {key}"})
+    httpx.post(
+        f"{daphne_server.api}/chat/completions",
+        json={"model": "nope", "messages": HI},
+        headers={"Authorization": f"Bearer {key}"},
+    )
     httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI})
     deadline = time.monotonic() + 5
     while UsageRecord.objects.count() < before + 2 and time.monotonic() < deadline:
@@ -257,32 +328,75 @@ def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, 
         (b"[1, 2]", {}, 400, "JSON object"),
         (json.dumps({"model": "tiny", "messages": HI, "temperature": "hot"}).encode(), {}, 400, "expected a number"),
         (json.dumps({"model": "tiny", "messages": HI, "max_tokens": True}).encode(), {}, 400, "expected an integer"),
-        (json.dumps({"model": "tiny", "messages": HI, "banana": 1}).encode(), {}, 400, "Unrecognized request argument supplied: banana"),
+        (
+            json.dumps({"model": "tiny", "messages": HI, "banana": 1}).encode(),
+            {},
+            400,
+            "Unrecognized request argument supplied: banana",
+        ),
         (json.dumps({"model": "tiny", "messages": []}).encode(), {}, 400, "at least one message"),
-        (json.dumps({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(), {}, 400, "messages[0].role"),
+        (
+            json.dumps({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(),
+            {},
+            400,
+            "messages[0].role",
+        ),
         (json.dumps({"model": "tiny", "messages": [{"role": "user"}]}).encode(), {}, 400, "messages[0].content"),
         (json.dumps({"model": "tiny", "messages": HI, "n": 9}).encode(), {}, 400, "between 1 and 8"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"a" * (2 * 1024 * 1024) + b'"}]}', {}, 413, "too large"),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"a" * (2 * 1024 * 1024) + b'"}]}',
+            {},
+            413,
+            "too large",
+        ),
         (b"[" * 100000 + b"]" * 100000, {}, 400, "nested too deeply"),
         (b'{"model": "tiny", "messages": [], "max_tokens": ' + b"9" * 5001 + b"}", {}, 400, "too many digits"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', {}, 400, "NaN is not valid JSON"),
-        (b'{"model": "tiny", "messages": [{"role": "system", "content": "\\ud800"}, {"role": "user", "content": "hi"}]}', {}, 400,
-         "'messages[0].content' contains a lone UTF-16 surrogate"),
-        (b'--x\r\nContent-Disposition: form-data; name="model"\r\n\r\ntiny\r\n--x--\r\n', {"Content-Type": "multipart/form-data; boundary=x"}, 400,
-         "not valid JSON"),
-        (json.dumps({"model": "tiny", "messages": HI}).encode(), {"Authorization": "Bearer " + "a" * 60_000}, 431, "the limit is 16,384"),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+            {},
+            400,
+            "NaN is not valid JSON",
+        ),
+        (
+            b'{"model": "tiny", "messages": [{"role": "system", "content": "\\ud800"}, {"role": "user", "content": "hi"}]}',
+            {},
+            400,
+            "'messages[0].content' contains a lone UTF-16 surrogate",
+        ),
+        (
+            b'--x\r\nContent-Disposition: form-data; name="model"\r\n\r\ntiny\r\n--x--\r\n',
+            {"Content-Type": "multipart/form-data; boundary=x"},
+            400,
+            "not valid JSON",
+        ),
+        (
+            json.dumps({"model": "tiny", "messages": HI}).encode(),
+            {"Authorization": "Bearer " + "a" * 60_000},
+            431,
+            "the limit is 16,384",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
     daphne_server: Any, make_key: Any, content: bytes, headers: dict[str, str], status: int, words: str
 ) -> None:
     key = make_key()
-    r = httpx.post(f"{daphne_server.api}/chat/completions", content=content, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **headers}, timeout=60)
+    r = httpx.post(
+        f"{daphne_server.api}/chat/completions",
+        content=content,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **headers},
+        timeout=60,
+    )
     assert r.status_code == status
     error = r.json()["error"]
     assert words in error["message"] and set(error) == {"message", "type", "param", "code"}
     assert _usage(r.headers["x-request-id"]).status == status  # refused, and still logged
-    ok = httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 1}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    ok = httpx.post(
+        f"{daphne_server.api}/chat/completions",
+        json={"model": "tiny", "messages": HI, "max_tokens": 1},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
     assert ok.status_code == 200
 
 
@@ -308,16 +422,27 @@ def test_listing_models_leaves_a_usage_row(daphne_server: Any, make_key: Any) ->
     assert r.status_code == 200 and _usage(r.headers["x-request-id"]).endpoint == "models"
 
 
-def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(daphne_server: Any, make_key: Any, smollm2_pipeline: Any) -> None:
+def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(
+    daphne_server: Any, make_key: Any, smollm2_pipeline: Any
+) -> None:
     """~500 tokens of history: the second turn reports cached_tokens as OpenAI does, and answers as a cold run does."""
     from inference.params import SamplingParams
     from inference.trace import Finished
 
     client = sdk(daphne_server, make_key())
-    history = " ".join(f"Note {i}: the {w} lighthouse keeper logs the weather, the ships and the tides." for i, w in enumerate(["north", "south", "east", "west"] * 6))
-    first = [{"role": "system", "content": "You are a careful assistant. " + history}, {"role": "user", "content": "What does the keeper log?"}]
+    history = " ".join(
+        f"Note {i}: the {w} lighthouse keeper logs the weather, the ships and the tides."
+        for i, w in enumerate(["north", "south", "east", "west"] * 6)
+    )
+    first = [
+        {"role": "system", "content": "You are a careful assistant. " + history},
+        {"role": "user", "content": "What does the keeper log?"},
+    ]
     reply = client.chat.completions.create(model="smollm2", messages=first, temperature=0, max_tokens=16)  # type: ignore[arg-type]
-    second = first + [{"role": "assistant", "content": reply.choices[0].message.content or ""}, {"role": "user", "content": "And which directions?"}]
+    second = first + [
+        {"role": "assistant", "content": reply.choices[0].message.content or ""},
+        {"role": "user", "content": "And which directions?"},
+    ]
     again = client.chat.completions.create(model="smollm2", messages=second, temperature=0, max_tokens=16)  # type: ignore[arg-type]
     usage = again.usage
     assert usage is not None and usage.prompt_tokens > 450
@@ -330,29 +455,68 @@ def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(daphne_
 
 def test_a_logit_bias_of_minus_100_on_the_greedy_first_token_changes_it(daphne_server: Any, make_key: Any) -> None:
     client = sdk(daphne_server, make_key())
-    plain = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True)  # type: ignore[arg-type]
+    plain = client.chat.completions.create(
+        model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True
+    )  # type: ignore[arg-type]
     first = plain.choices[0].logprobs.content[0].token  # type: ignore[union-attr,index]
-    first_id = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": first}, headers={"Authorization": f"Bearer {make_key()}"},
-                          timeout=30).json()["ids"][0]
-    biased = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True,  # type: ignore[arg-type]
-                                            logit_bias={str(first_id): -100})
+    first_id = httpx.post(
+        f"{daphne_server.api}/tokenize",
+        json={"model": "smollm2", "text": first},
+        headers={"Authorization": f"Bearer {make_key()}"},
+        timeout=30,
+    ).json()["ids"][0]
+    biased = client.chat.completions.create(
+        model="smollm2",
+        messages=SEED_QUESTION,
+        temperature=0,
+        max_tokens=3,
+        logprobs=True,  # type: ignore[arg-type]
+        logit_bias={str(first_id): -100},
+    )
     assert biased.choices[0].logprobs.content[0].token != first  # type: ignore[union-attr,index]
 
 
 def test_tokenize_takes_chat_messages_and_detokenize_round_trips(daphne_server: Any, make_key: Any) -> None:
     headers = {"Authorization": f"Bearer {make_key()}"}
-    templated = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "messages": SEED_QUESTION}, headers=headers, timeout=30).json()
+    templated = httpx.post(
+        f"{daphne_server.api}/tokenize",
+        json={"model": "smollm2", "messages": SEED_QUESTION},
+        headers=headers,
+        timeout=30,
+    ).json()
     assert templated["count"] == 27 and templated["prompt"].startswith("<|im_start|>system")
     assert [s["kind"] for s in templated["segments"]].count("message") == 1
-    text = httpx.post(f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": templated["ids"]}, headers=headers, timeout=30).json()["text"]
+    text = httpx.post(
+        f"{daphne_server.api}/detokenize",
+        json={"model": "smollm2", "tokens": templated["ids"]},
+        headers=headers,
+        timeout=30,
+    ).json()["text"]
     assert text == templated["prompt"]
-    plain = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "What's the capital of India?"}, headers=headers, timeout=30).json()
+    plain = httpx.post(
+        f"{daphne_server.api}/tokenize",
+        json={"model": "smollm2", "text": "What's the capital of India?"},
+        headers=headers,
+        timeout=30,
+    ).json()
     assert plain["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
-    back = httpx.post(f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": plain["ids"]}, headers=headers, timeout=30).json()
+    back = httpx.post(
+        f"{daphne_server.api}/detokenize",
+        json={"model": "smollm2", "tokens": plain["ids"]},
+        headers=headers,
+        timeout=30,
+    ).json()
     assert back["text"] == "What's the capital of India?"
-    bad = httpx.post(f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": [10**8]}, headers=headers, timeout=30)
+    bad = httpx.post(
+        f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": [10**8]}, headers=headers, timeout=30
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
-    both = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": "x", "messages": SEED_QUESTION}, headers=headers, timeout=30)
+    both = httpx.post(
+        f"{daphne_server.api}/tokenize",
+        json={"model": "smollm2", "text": "x", "messages": SEED_QUESTION},
+        headers=headers,
+        timeout=30,
+    )
     assert both.status_code == 400
 
 
@@ -360,14 +524,27 @@ def test_a_ten_thousand_message_request_does_not_hold_up_a_normal_chat(daphne_se
     key = make_key()
     huge = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}] * 10_000, "max_tokens": 4}
     with ThreadPoolExecutor(1) as pool:
-        big = pool.submit(httpx.post, f"{daphne_server.api}/chat/completions", json=huge, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        big = pool.submit(
+            httpx.post,
+            f"{daphne_server.api}/chat/completions",
+            json=huge,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+        )
         started = time.perf_counter()
-        with httpx.stream("POST", f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 8, "stream": True},
-                          headers={"Authorization": f"Bearer {key}"}, timeout=60) as stream:
+        with httpx.stream(
+            "POST",
+            f"{daphne_server.api}/chat/completions",
+            json={"model": "tiny", "messages": HI, "max_tokens": 8, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        ) as stream:
             ttft = None
             for line in stream.iter_lines():
                 if ttft is None and '"content"' in line:
                     ttft = time.perf_counter() - started
         refused = big.result()
     assert ttft is not None and ttft < 2.0
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"  # refused at the edge, by count
+    assert (
+        refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+    )  # refused at the edge, by count

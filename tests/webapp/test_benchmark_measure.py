@@ -9,10 +9,25 @@ import pytest
 from webapp.benchmark.measure import RequestResult, Targets, distribution, itl_by_position, summarize
 
 
-def stream(index: int, sent: float, chunks: list[float], tokens: int, ended: float | None = None, per_chunk: list[int] | None = None,
-           error: str = "") -> RequestResult:
-    return RequestResult(index=index, level="test", sent=sent, output_tokens=tokens, chunk_times=chunks, chunk_tokens=per_chunk or [],
-                         ended=chunks[-1] if ended is None and chunks else ended, error=error)
+def stream(
+    index: int,
+    sent: float,
+    chunks: list[float],
+    tokens: int,
+    ended: float | None = None,
+    per_chunk: list[int] | None = None,
+    error: str = "",
+) -> RequestResult:
+    return RequestResult(
+        index=index,
+        level="test",
+        sent=sent,
+        output_tokens=tokens,
+        chunk_times=chunks,
+        chunk_tokens=per_chunk or [],
+        ended=chunks[-1] if ended is None and chunks else ended,
+        error=error,
+    )
 
 
 def test_ttft_itl_tpot_and_e2e_of_one_steady_stream() -> None:
@@ -60,19 +75,33 @@ def test_failed_and_cancelled_requests_are_counted_by_kind_and_left_out_of_laten
 
 
 def test_goodput_counts_requests_meeting_every_target() -> None:
-    results = [stream(0, 0.0, [0.1, 0.2], tokens=2), stream(1, 0.0, [0.6, 0.7], tokens=2), stream(2, 0.0, [0.1, 0.9], tokens=2),
-               stream(3, 0.0, [], tokens=0, ended=0.1, error="http_500")]
+    results = [
+        stream(0, 0.0, [0.1, 0.2], tokens=2),
+        stream(1, 0.0, [0.6, 0.7], tokens=2),
+        stream(2, 0.0, [0.1, 0.9], tokens=2),
+        stream(3, 0.0, [], tokens=0, ended=0.1, error="http_500"),
+    ]
     summary = summarize(results, wall=4.0, targets=Targets(ttft=0.5, tpot=0.5))
-    assert summary["goodput"] == {"requests": 1, "fraction": 0.25, "per_s": 0.25}  # 1 too slow to start, 2 too slow per token
+    assert summary["goodput"] == {
+        "requests": 1,
+        "fraction": 0.25,
+        "per_s": 0.25,
+    }  # 1 too slow to start, 2 too slow per token
 
 
 def test_an_itl_target_fails_a_stream_that_stalls_even_when_its_mean_is_fine() -> None:
     steady = stream(0, 0.0, [0.1 + 0.02 * i for i in range(11)], tokens=11)
-    stalling = stream(1, 0.0, [0.1, 0.11, 0.12, 0.13, 0.14, 0.3, 0.31, 0.32, 0.33, 0.34, 0.5], tokens=11)  # same 0.4 s, two stalls
+    stalling = stream(
+        1, 0.0, [0.1, 0.11, 0.12, 0.13, 0.14, 0.3, 0.31, 0.32, 0.33, 0.34, 0.5], tokens=11
+    )  # same 0.4 s, two stalls
     summary = summarize([steady, stalling], wall=1.0, targets=Targets(itl=0.05))
     assert summary["goodput"]["requests"] == 1
 
 
 def test_itl_by_position_is_the_median_over_requests() -> None:
-    results = [stream(0, 0.0, [0.0, 0.1, 0.3], tokens=3), stream(1, 0.0, [0.0, 0.3, 0.4], tokens=3), stream(2, 0.0, [0.0, 0.2, 0.5], tokens=3)]
+    results = [
+        stream(0, 0.0, [0.0, 0.1, 0.3], tokens=3),
+        stream(1, 0.0, [0.0, 0.3, 0.4], tokens=3),
+        stream(2, 0.0, [0.0, 0.2, 0.5], tokens=3),
+    ]
     assert itl_by_position(results) == pytest.approx([0.2, 0.2])

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from loops import run_async
 
 from inference.params import SamplingParams
-from loops import run_async
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.routing import ModelRoute
@@ -39,7 +39,9 @@ class SilentLayer(BrokenLayer):
 
 
 @pytest.mark.parametrize("layer, code", [(BrokenLayer(), "channel_layer_error"), (SilentLayer(), "worker_timeout")])
-def test_a_broken_or_silent_layer_is_a_503_with_retry_after(monkeypatch: pytest.MonkeyPatch, layer: Any, code: str) -> None:
+def test_a_broken_or_silent_layer_is_a_503_with_retry_after(
+    monkeypatch: pytest.MonkeyPatch, layer: Any, code: str
+) -> None:
     monkeypatch.setattr(client, "get_channel_layer", lambda: layer)
     with override_settings(ROUNDTRIP_WORKER_TIMEOUT=0.2), pytest.raises(GatewayError) as info:
         run_async(client.generate(ROUTE, [{"role": "user", "content": "hi"}], SamplingParams()))

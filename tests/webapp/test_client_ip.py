@@ -23,8 +23,11 @@ def test_it_ignores_x_forwarded_for_from_anyone_but_a_trusted_proxy() -> None:
 @pytest.mark.django_db
 def test_a_fresh_cookie_per_turn_does_not_reset_the_address_limits() -> None:
     cache.clear()
-    with override_settings(ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 5}, ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS={"requests_per_minute": 2},
-                           ROUNDTRIP_MODELS=[{"id": "tiny", "path": "", "aliases": []}]):
+    with override_settings(
+        ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 5},
+        ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS={"requests_per_minute": 2},
+        ROUNDTRIP_MODELS=[{"id": "tiny", "path": "", "aliases": []}],
+    ):
         for turn in range(2):
             _admit(f"session-{turn}", "203.0.113.9")
         with pytest.raises(GatewayError) as refused:

@@ -13,7 +13,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance, status_code_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from webapp.api.openapi import openapi_spec
 
@@ -39,4 +43,6 @@ def test_the_api_conforms_to_its_document(case: Any, daphne_server: Any, fuzz_ke
             case.body["model"] = "tiny"  # three cases in four reach the model instead of stopping at routing
         if "max_tokens" not in case.body and case.path.endswith("completions"):
             case.body["max_tokens"] = 4  # keep generations short: the point is the answers' shape, not their length
-    case.call_and_validate(base_url=daphne_server.api, headers={"Authorization": f"Bearer {fuzz_key}"}, checks=CHECKS, timeout=60)
+    case.call_and_validate(
+        base_url=daphne_server.api, headers={"Authorization": f"Bearer {fuzz_key}"}, checks=CHECKS, timeout=60
+    )

@@ -79,8 +79,16 @@ def admin_client() -> Client:
 def test_admin_creates_a_key_and_shows_it_once(admin_client: Client) -> None:
     response = admin_client.post(
         "/admin/keys/apikey/add/",
-        {"name": "from admin", "is_active": "on", "allowed_models": "[]", "requests_per_minute": 60, "tokens_per_minute": 1000,
-         "concurrent_streams": 2, "token_budget": 0, "budget_period": "day"},
+        {
+            "name": "from admin",
+            "is_active": "on",
+            "allowed_models": "[]",
+            "requests_per_minute": 60,
+            "tokens_per_minute": 1000,
+            "concurrent_streams": 2,
+            "token_budget": 0,
+            "budget_period": "day",
+        },
         follow=True,
     )
     messages = [str(m) for m in response.context["messages"]]
@@ -102,11 +110,21 @@ def test_admin_revokes_in_one_click(admin_client: Client) -> None:
 
 def test_admin_shows_usage(admin_client: Client) -> None:
     key, _ = ApiKey.create_key("busy")
-    UsageRecord.objects.create(request_id="chatcmpl-abc", api_key=key, endpoint="chat.completions", model="tiny", status=200,
-                               finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+    UsageRecord.objects.create(
+        request_id="chatcmpl-abc",
+        api_key=key,
+        endpoint="chat.completions",
+        model="tiny",
+        status=200,
+        finish_reason="stop",
+        prompt_tokens=10,
+        completion_tokens=5,
+    )
     listing = admin_client.get("/admin/keys/apikey/").content.decode()
     assert "busy" in listing and ">15<" in listing
     other, _ = ApiKey.create_key("other")
-    UsageRecord.objects.create(request_id="chatcmpl-other", api_key=other, endpoint="chat.completions", model="tiny", status=200)
+    UsageRecord.objects.create(
+        request_id="chatcmpl-other", api_key=other, endpoint="chat.completions", model="tiny", status=200
+    )
     usage = admin_client.get(f"/admin/usage/usagerecord/?api_key__id__exact={key.pk}").content.decode()
     assert "chatcmpl-abc" in usage and "chatcmpl-other" not in usage  # the filter shows this key's rows only

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import pytest
 from django.core.cache import cache
@@ -40,7 +40,9 @@ def test_requests_per_minute_hold_exactly_under_parallel_use() -> None:
 
 
 def test_requests_per_minute_hold_exactly_in_redis(redis_url: str) -> None:
-    with override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url}}):
+    with override_settings(
+        CACHES={"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url}}
+    ):
         assert _admitted_in_parallel(Limits(requests_per_minute=7), 40) == 7
         assert _admitted_in_parallel(Limits(concurrent_streams=3), 20) == 3
 

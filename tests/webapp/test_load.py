@@ -11,13 +11,12 @@ import json
 import random
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx2 as httpx
 import pytest
-
 from loops import run_async
 from servers import free_port, manage, metric_samples, metric_value, server_env, start, stop, wait_ready
 
@@ -38,8 +37,13 @@ class Outcome:
 def busy_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     workdir = tmp_path_factory.mktemp("load")
     db = workdir / "db.sqlite3"
-    env = {**server_env(), "ROUNDTRIP_SQLITE_PATH": str(db), "ROUNDTRIP_MAX_BATCH": str(CLIENTS), "PYTHONUNBUFFERED": "1",
-           "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}])}
+    env = {
+        **server_env(),
+        "ROUNDTRIP_SQLITE_PATH": str(db),
+        "ROUNDTRIP_MAX_BATCH": str(CLIENTS),
+        "PYTHONUNBUFFERED": "1",
+        "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
+    }
     manage(env, "migrate", "--noinput")
     key = manage(env, "createapikey", "load", "--rpm", "0", "--tpm", "0", "--concurrent", "0").strip().split()[-1]
     port = free_port()
@@ -54,13 +58,20 @@ def busy_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def _body(i: int) -> dict[str, object]:
-    return {"model": "tiny", "messages": [{"role": "user", "content": f"client {i} says the heat is on"}], "temperature": 0,
-            "max_tokens": MAX_TOKENS, "stream": True}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": f"client {i} says the heat is on"}],
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+    }
 
 
 async def _ask(client: httpx.AsyncClient, url: str, key: str, i: int, leave_after: int | None) -> Outcome:
     text = []
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=_body(i), headers={"Authorization": f"Bearer {key}"}) as response:
+    async with client.stream(
+        "POST", f"{url}/v1/chat/completions", json=_body(i), headers={"Authorization": f"Bearer {key}"}
+    ) as response:
         request_id = response.headers.get("x-request-id", "")
         chunks = 0
         async for line in response.aiter_lines():
@@ -72,7 +83,9 @@ async def _ask(client: httpx.AsyncClient, url: str, key: str, i: int, leave_afte
                 text.append(choice["delta"].get("content") or "")
             chunks += 1
             if leave_after is not None and chunks >= leave_after:
-                return Outcome(request_id, response.status_code, "".join(text), True)  # closing the stream drops the connection
+                return Outcome(
+                    request_id, response.status_code, "".join(text), True
+                )  # closing the stream drops the connection
         return Outcome(request_id, response.status_code, "".join(text), False)
 
 
@@ -82,7 +95,9 @@ async def _burst(url: str, key: str, plan: dict[int, int | None]) -> list[Outcom
         return await asyncio.gather(*(_ask(client, url, key, i, plan[i]) for i in range(CLIENTS)))
 
 
-def test_32_streams_at_once_each_get_their_own_answer_and_leave_one_usage_row(busy_server: tuple[str, str, Path]) -> None:
+def test_32_streams_at_once_each_get_their_own_answer_and_leave_one_usage_row(
+    busy_server: tuple[str, str, Path],
+) -> None:
     url, key, db = busy_server
     rng = random.Random(7)
     leavers = set(rng.sample(range(CLIENTS), LEAVING))
@@ -102,13 +117,18 @@ def test_32_streams_at_once_each_get_their_own_answer_and_leave_one_usage_row(bu
     assert all(ids.count(rid) == 1 for rid in burst_ids)  # exactly one row for every request of the burst
     statuses = {rid: status for rid, status in rows}
     assert {statuses[o.request_id] for o in outcomes if not o.left} == {200}
-    assert all(statuses[o.request_id] in (200, 499) for o in outcomes if o.left)  # a fast stream may have finished first
+    assert all(
+        statuses[o.request_id] in (200, 499) for o in outcomes if o.left
+    )  # a fast stream may have finished first
     assert sum(statuses[o.request_id] == 499 for o in outcomes if o.left) >= LEAVING // 2
     assert not [s for s in statuses.values() if s >= 500]
     deadline = time.monotonic() + 10
     while True:  # the engine notices the last departures at its next step
         found = metric_samples(url)
-        if metric_value(found, "vllm:num_requests_running") == 0 and metric_value(found, "vllm:num_requests_waiting") == 0:
+        if (
+            metric_value(found, "vllm:num_requests_running") == 0
+            and metric_value(found, "vllm:num_requests_waiting") == 0
+        ):
             break
         assert time.monotonic() < deadline, "the engine did not go idle"
         time.sleep(0.2)

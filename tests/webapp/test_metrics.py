@@ -11,17 +11,30 @@ import httpx2 as httpx
 import pytest
 from django.test import Client, override_settings
 from prometheus_client import REGISTRY
+from servers import metric_samples as samples
+from servers import metric_value as value
 
 import webapp.metrics.metrics  # noqa: F401  (registers every metric)
-from servers import metric_samples as samples, metric_value as value
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "webapp" / "metrics" / "grafana" / "roundtrip.json"
 REQUIRED = [
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
-    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    "roundtrip_gateway_requests_total", "roundtrip_gateway_refused_total", "roundtrip_prefix_cache_bytes",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "roundtrip_gateway_requests_total",
+    "roundtrip_gateway_refused_total",
+    "roundtrip_prefix_cache_bytes",
 ]
 SUFFIXES = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_sum", "_count", "_created"], "gauge": [""]}
 
@@ -43,7 +56,9 @@ def test_the_dashboard_queries_only_exported_names() -> None:
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {n for e in exprs for n in re.findall(r"\b(vllm:[a-z0-9_:]+|roundtrip_[a-z0-9_]+)\b", e)}
     assert used and used <= exported_names(), used - exported_names()
-    assert {n.removesuffix("_total") for n in REQUIRED} <= {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count").removesuffix("_total") for n in used}
+    assert {n.removesuffix("_total") for n in REQUIRED} <= {
+        n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count").removesuffix("_total") for n in used
+    }
 
 
 @pytest.mark.django_db
@@ -68,8 +83,18 @@ def test_a_live_server_counts_requests_tokens_and_refusals(daphne_server: Any, m
     before = samples(daphne_server.url)
     key = make_key()
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "ignore_eos": True}
-    assert httpx.post(f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60).status_code == 200
-    assert httpx.post(f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": "Bearer rt-nope"}, timeout=60).status_code == 401
+    assert (
+        httpx.post(
+            f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+        ).status_code
+        == 200
+    )
+    assert (
+        httpx.post(
+            f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": "Bearer rt-nope"}, timeout=60
+        ).status_code
+        == 401
+    )
     after = samples(daphne_server.url)
 
     def grew(name: str, **labels: str) -> float:
@@ -79,7 +104,11 @@ def test_a_live_server_counts_requests_tokens_and_refusals(daphne_server: Any, m
     assert grew("vllm:request_success_total", model_name="tiny", finished_reason="length") == 1
     assert grew("vllm:time_to_first_token_seconds_count", model_name="tiny") == 1
     assert grew("vllm:inter_token_latency_seconds_count", model_name="tiny") == 6
-    assert grew("roundtrip_step_delivery_seconds_count", model_name="tiny") == grew("roundtrip_step_seconds_count", model_name="tiny") >= 7
+    assert (
+        grew("roundtrip_step_delivery_seconds_count", model_name="tiny")
+        == grew("roundtrip_step_seconds_count", model_name="tiny")
+        >= 7
+    )
     assert grew("roundtrip_step_delivery_seconds_sum", model_name="tiny") > 0
     assert grew("vllm:prefix_cache_queries_total", model_name="tiny") > 0
     assert grew("roundtrip_gateway_requests_total", endpoint="chat.completions", status="200") == 1

@@ -5,8 +5,9 @@ from __future__ import annotations
 import gc
 import queue
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,11 @@ class Replies:
 
     def emit(self, channel: str, message: dict[str, Any]) -> None:
         """Each trace event as its own {"type": "event"} message, as the web side's Generation reads them."""
-        parts = [{"type": "event", "request_id": message["request_id"], "event": e} for e in message["events"]] if message["type"] == "events" else [message]
+        parts = (
+            [{"type": "event", "request_id": message["request_id"], "event": e} for e in message["events"]]
+            if message["type"] == "events"
+            else [message]
+        )
         for part in parts:
             self.sent_at[id(part)] = time.perf_counter()
             self.inbox.put((channel, part))
@@ -55,15 +60,28 @@ def _finished(m: dict[str, Any]) -> bool:
 
 def _generate(request_id: str, max_tokens: int = 20, **extra: Any) -> dict[str, Any]:
     params = params_to_dict(SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens))
-    return {"type": "generate", "model": "tiny", "request_id": request_id, "reply_to": f"reply.{request_id}", "messages": HI, "params": params,
-            "sent_at": time.time(), **extra}
+    return {
+        "type": "generate",
+        "model": "tiny",
+        "request_id": request_id,
+        "reply_to": f"reply.{request_id}",
+        "messages": HI,
+        "params": params,
+        "sent_at": time.time(),
+        **extra,
+    }
 
 
 @pytest.fixture
 def runner(tiny_model_path: Path) -> Iterator[tuple[EngineRunner, Replies]]:
     replies = Replies()
-    engine = EngineRunner({"tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False)}, replies.ready.put, replies.emit, "control.x",
-                          SchedulerConfig(max_batch=2, max_waiting=2))
+    engine = EngineRunner(
+        {"tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False)},
+        replies.ready.put,
+        replies.emit,
+        "control.x",
+        SchedulerConfig(max_batch=2, max_waiting=2),
+    )
     assert replies.ready.get(timeout=60) == "tiny"
     yield engine, replies
     engine.stop()
@@ -78,7 +96,9 @@ def test_it_streams_a_request_and_finishes(runner: tuple[EngineRunner, Replies])
     assert finished["completion_tokens"] == 20 and finished["timings"]["queue"] >= 0
 
 
-def test_what_was_loaded_is_frozen_out_of_the_garbage_collectors_full_passes(runner: tuple[EngineRunner, Replies]) -> None:
+def test_what_was_loaded_is_frozen_out_of_the_garbage_collectors_full_passes(
+    runner: tuple[EngineRunner, Replies],
+) -> None:
     """A full collection over Django's, torch's and the model's objects took 50-140 ms, stalling every stream."""
     deadline = time.monotonic() + 10  # frozen right after the models are ready
     while gc.get_freeze_count() < 10_000 and time.monotonic() < deadline:
@@ -98,14 +118,20 @@ def test_a_bad_request_is_an_error_reply_not_a_dead_thread(runner: tuple[EngineR
 def test_a_cancelled_request_stops_within_one_token(runner: tuple[EngineRunner, Replies]) -> None:
     engine, replies = runner
     engine.submit("tiny", _generate("c", max_tokens=200))
-    replies.until("reply.c", lambda m: m["type"] == "event" and m["event"]["event"] == "sampled" and m["event"]["step"] == 3)
+    replies.until(
+        "reply.c", lambda m: m["type"] == "event" and m["event"]["event"] == "sampled" and m["event"]["step"] == 3
+    )
     cancelled_at = time.perf_counter()
     engine.cancel("c")
     time.sleep(0.3)
     later = []
     while not replies.inbox.empty():
         later.append(replies.inbox.get()[1])
-    after_cancel = [m for m in later if replies.sent_at[id(m)] > cancelled_at and m["type"] == "event" and m["event"]["event"] == "sampled"]
+    after_cancel = [
+        m
+        for m in later
+        if replies.sent_at[id(m)] > cancelled_at and m["type"] == "event" and m["event"]["event"] == "sampled"
+    ]
     assert len(after_cancel) <= 1
     assert not any(m["type"] == "event" and m["event"]["event"] == "finished" for m in later)
 
@@ -122,13 +148,17 @@ def test_requests_beyond_the_queue_get_503_at_once(runner: tuple[EngineRunner, R
     assert errors and all(e["status"] == 503 and e["code"] == "overloaded" and e["retry_after"] >= 1 for e in errors)
 
 
-def test_a_model_that_fails_to_load_is_reported_and_the_others_still_load(tiny_model_path: Path, tmp_path: Path) -> None:
+def test_a_model_that_fails_to_load_is_reported_and_the_others_still_load(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
     replies = Replies()
     loaders = {
         "broken": lambda: load_model(str(tmp_path / "missing.gguf")),
         "tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False),
     }
-    engine = EngineRunner(loaders, replies.ready.put, replies.emit, "control.x", SchedulerConfig(max_batch=1, max_waiting=1))
+    engine = EngineRunner(
+        loaders, replies.ready.put, replies.emit, "control.x", SchedulerConfig(max_batch=1, max_waiting=1)
+    )
     try:
         assert [replies.ready.get(timeout=60), replies.ready.get(timeout=60)] == ["broken", "tiny"]
         assert "missing.gguf: no such file" in engine.failures["broken"]
@@ -152,7 +182,9 @@ def test_step_mode_pauses_after_each_token_until_next(runner: tuple[EngineRunner
         assert replies.inbox.empty()
 
 
-def test_a_step_whose_bookkeeping_fails_ends_its_requests_in_errors_and_the_engine_goes_on(runner: tuple[EngineRunner, Replies]) -> None:
+def test_a_step_whose_bookkeeping_fails_ends_its_requests_in_errors_and_the_engine_goes_on(
+    runner: tuple[EngineRunner, Replies],
+) -> None:
     engine, replies = runner
     scheduler = engine.models["tiny"].scheduler
     finish_step = scheduler.finish_step

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from django.test import override_settings
-
 from loops import run_async
+
+from webapp.api.completions import choices_for, completion
 from webapp.api.protocol import ChatCompletionRequest
-from webapp.api.completions import choices_for
-from webapp.api.completions import completion
 from webapp.api.views import _complete, _stream
 from webapp.gateway.client import Generation
 from webapp.gateway.errors import GatewayError
@@ -47,7 +47,9 @@ class ScriptedGeneration(Generation):
 
 
 def _request() -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    return ChatCompletionRequest.model_validate(
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    )
 
 
 def _ctx() -> RequestContext:
@@ -72,7 +74,9 @@ TEXT = {"event": "text", "text": "Hi"}
 
 
 def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None:
-    generation = ScriptedGeneration([SAMPLED, TEXT, GatewayError(500, "The model failed: boom", "server_error", "server_error")])
+    generation = ScriptedGeneration(
+        [SAMPLED, TEXT, GatewayError(500, "The model failed: boom", "server_error", "server_error")]
+    )
 
     async def collect() -> list[bytes]:
         return [part async for part in _stream_of(generation)]
@@ -81,7 +85,9 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None
     assert generation.cancelled  # the worker is told to stop
     assert parts[-1] == b"data: [DONE]\n\n"
     error = json.loads(parts[-2].removeprefix(b"data: "))
-    assert error == {"error": {"message": "The model failed: boom", "type": "server_error", "param": None, "code": "server_error"}}
+    assert error == {
+        "error": {"message": "The model failed: boom", "type": "server_error", "param": None, "code": "server_error"}
+    }
     assert json.loads(parts[1].removeprefix(b"data: "))["choices"][0]["delta"] == {"content": "Hi"}
     row = UsageRecord.objects.get(request_id="chatcmpl-test")
     assert (row.status, row.finish_reason, row.completion_tokens) == (500, "error", 1)
@@ -96,7 +102,11 @@ def test_an_unexpected_exception_mid_stream_is_a_server_error_event_and_an_error
     parts = run_async(collect())
     assert parts[-1] == b"data: [DONE]\n\n"
     error = json.loads(parts[-2].removeprefix(b"data: "))["error"]
-    assert error["code"] == "server_error" and "internal detail" not in error["message"] and "chatcmpl-test" in error["message"]
+    assert (
+        error["code"] == "server_error"
+        and "internal detail" not in error["message"]
+        and "chatcmpl-test" in error["message"]
+    )
     assert generation.cancelled
     row = UsageRecord.objects.get(request_id="chatcmpl-test")
     assert (row.status, row.finish_reason, row.error_code) == (500, "error", "server_error")
@@ -127,7 +137,9 @@ def test_prompts_are_stored_only_when_the_setting_says_so() -> None:
 
 
 def test_browser_visitors_get_the_configured_session_limits() -> None:
-    with override_settings(ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 3}, ROUNDTRIP_USER_LIMITS={"requests_per_minute": 30}):
+    with override_settings(
+        ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 3}, ROUNDTRIP_USER_LIMITS={"requests_per_minute": 30}
+    ):
         anonymous = identify_session(None, "abc")
         user = identify_session(7, "def")
     assert (anonymous.kind, anonymous.bucket, anonymous.limits.requests_per_minute) == ("anonymous", "session:abc", 3)

@@ -35,9 +35,13 @@ def test_it_reads_the_same_calls_whatever_the_chunking(seed: int) -> None:
     assert json.loads(parser.calls[0].arguments)["note"] == 'a } in " text'
     assert json.loads(parser.calls[1].arguments)["city"] == "Lyon"
     first = [d for d in deltas if "id" in d]
-    assert [d["index"] for d in first] == [0, 1] and all(d["function"]["arguments"] == "" and d["type"] == "function" for d in first)
+    assert [d["index"] for d in first] == [0, 1] and all(
+        d["function"]["arguments"] == "" and d["type"] == "function" for d in first
+    )
     for index in (0, 1):  # the fragments add up to the arguments
-        assert "".join(d["function"]["arguments"] for d in deltas if d["index"] == index) == parser.calls[index].arguments
+        assert (
+            "".join(d["function"]["arguments"] for d in deltas if d["index"] == index) == parser.calls[index].arguments
+        )
 
 
 def test_it_takes_a_call_in_another_key_order_when_it_closes() -> None:

@@ -7,8 +7,17 @@ import sys
 
 from servers import ROOT
 
-WEB_MODULES = ["webapp.urls", "webapp.api.views", "visualizer.consumers", "visualizer.views", "webapp.gateway.client",
-               "webapp.metrics.views", "webapp.worker.registry", "webapp.worker.protocol", "webapp.worker.inprocess"]
+WEB_MODULES = [
+    "webapp.urls",
+    "webapp.api.views",
+    "visualizer.consumers",
+    "visualizer.views",
+    "webapp.gateway.client",
+    "webapp.metrics.views",
+    "webapp.worker.registry",
+    "webapp.worker.protocol",
+    "webapp.worker.inprocess",
+]
 
 
 def test_importing_the_web_side_leaves_torch_out_of_sys_modules() -> None:

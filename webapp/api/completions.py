@@ -42,10 +42,17 @@ class Choice:
         kind = event["event"]
         if kind == "sampled":
             if self.want_logprobs and not event["is_stop"]:
-                self.pending.append({
-                    "token": event["token"], "logprob": event["logprob"], "bytes": event["bytes"],
-                    "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]} for t in event["top_logprobs"]],
-                })
+                self.pending.append(
+                    {
+                        "token": event["token"],
+                        "logprob": event["logprob"],
+                        "bytes": event["bytes"],
+                        "top_logprobs": [
+                            {"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                            for t in event["top_logprobs"]
+                        ],
+                    }
+                )
             return None
         if kind not in ("text", "finished"):
             return None
@@ -77,7 +84,11 @@ class Choice:
     def message(self) -> dict[str, Any]:
         """The whole assistant message: content (None when there are only tool calls), refusal, tool_calls."""
         content = self.content.strip() if self.parser.calls else self.content
-        out: dict[str, Any] = {"role": "assistant", "content": content or (None if self.parser.calls else ""), "refusal": None}
+        out: dict[str, Any] = {
+            "role": "assistant",
+            "content": content or (None if self.parser.calls else ""),
+            "refusal": None,
+        }
         if self.parser.calls:
             out["tool_calls"] = [call.as_dict() for call in self.parser.calls]
         return out
@@ -117,12 +128,30 @@ def _envelope(turn: Turn, created: int, kind: str) -> dict[str, Any]:
     """The fields every completion object starts with. The fingerprint names the weights that answered:
     the same seed reproduces only on the same fingerprint."""
     assert turn.ctx.route is not None
-    return {"id": turn.request_id, "object": kind, "created": created, "model": turn.ctx.route.id, "system_fingerprint": turn.fingerprint}
+    return {
+        "id": turn.request_id,
+        "object": kind,
+        "created": created,
+        "model": turn.ctx.route.id,
+        "system_fingerprint": turn.fingerprint,
+    }
 
 
-def chunk(turn: Turn, created: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: list[dict[str, Any]] | None = None,
-          index: int = 0, **extra: Any) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "logprobs": {"content": logprobs} if logprobs is not None else None, "finish_reason": finish_reason}
+def chunk(
+    turn: Turn,
+    created: int,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
+    index: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": {"content": logprobs} if logprobs is not None else None,
+        "finish_reason": finish_reason,
+    }
     return {**_envelope(turn, created, "chat.completion.chunk"), "choices": [choice], **extra}
 
 
@@ -136,7 +165,12 @@ def completion(turn: Turn, created: int, choices: list[Choice]) -> dict[str, Any
     return {
         **_envelope(turn, created, "chat.completion"),
         "choices": [
-            {"index": c.index, "message": c.message(), "logprobs": {"content": c.logprobs} if c.want_logprobs else None, "finish_reason": c.finish_reason}
+            {
+                "index": c.index,
+                "message": c.message(),
+                "logprobs": {"content": c.logprobs} if c.want_logprobs else None,
+                "finish_reason": c.finish_reason,
+            }
             for c in choices
         ],
         "usage": turn.usage.as_openai(),
@@ -152,7 +186,11 @@ def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any
     offsets, position = [], offset
     for entry in entries:
         offsets.append(position)
-        position += len(bytes(entry["bytes"]).decode("utf-8", errors="ignore")) if entry["bytes"] is not None else len(entry["token"])
+        position += (
+            len(bytes(entry["bytes"]).decode("utf-8", errors="ignore"))
+            if entry["bytes"] is not None
+            else len(entry["token"])
+        )
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],
@@ -162,12 +200,17 @@ def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any
 
 
 def text_choice(choice: Choice, text: str, logprobs: int | None, echo_prefix: str = "") -> dict[str, Any]:
-    return {"index": choice.index, "text": echo_prefix + text,
-            "logprobs": legacy_logprobs(choice.logprobs, len(echo_prefix)) if logprobs is not None else None,
-            "finish_reason": choice.finish_reason if choice.finished else None}
+    return {
+        "index": choice.index,
+        "text": echo_prefix + text,
+        "logprobs": legacy_logprobs(choice.logprobs, len(echo_prefix)) if logprobs is not None else None,
+        "finish_reason": choice.finish_reason if choice.finished else None,
+    }
 
 
-def text_completion(turn: Turn, created: int, choices: list[Choice], logprobs: int | None, echo_prefix: str) -> dict[str, Any]:
+def text_completion(
+    turn: Turn, created: int, choices: list[Choice], logprobs: int | None, echo_prefix: str
+) -> dict[str, Any]:
     return {
         **_envelope(turn, created, "text_completion"),
         "choices": [text_choice(c, c.content, logprobs, echo_prefix) for c in choices],
@@ -175,7 +218,13 @@ def text_completion(turn: Turn, created: int, choices: list[Choice], logprobs: i
     }
 
 
-def text_chunk(turn: Turn, created: int, choice: Choice, piece: Piece, logprobs: int | None, finish_reason: str | None = None) -> dict[str, Any]:
-    out = {"index": choice.index, "text": piece.text, "logprobs": legacy_logprobs(piece.logprobs, 0) if logprobs is not None else None,
-           "finish_reason": finish_reason}
+def text_chunk(
+    turn: Turn, created: int, choice: Choice, piece: Piece, logprobs: int | None, finish_reason: str | None = None
+) -> dict[str, Any]:
+    out = {
+        "index": choice.index,
+        "text": piece.text,
+        "logprobs": legacy_logprobs(piece.logprobs, 0) if logprobs is not None else None,
+        "finish_reason": finish_reason,
+    }
     return {**_envelope(turn, created, "text_completion"), "choices": [out]}

@@ -12,10 +12,18 @@ ERROR = {"$ref": "#/components/schemas/Error"}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    words = {400: "Invalid request", 401: "Missing, unknown, revoked or expired API key", 403: "Model not allowed for this key",
-             404: "Unknown model", 405: "Wrong method", 413: "Body too large", 431: "Request headers too large", 429: "Rate limit or budget exceeded (see Retry-After)",
-             500: "The server failed (logged; the message carries the request id, never internal details)",
-             503: "Overloaded or the worker is unavailable (see Retry-After)"}
+    words = {
+        400: "Invalid request",
+        401: "Missing, unknown, revoked or expired API key",
+        403: "Model not allowed for this key",
+        404: "Unknown model",
+        405: "Wrong method",
+        413: "Body too large",
+        431: "Request headers too large",
+        429: "Rate limit or budget exceeded (see Retry-After)",
+        500: "The server failed (logged; the message carries the request id, never internal details)",
+        503: "Overloaded or the worker is unavailable (see Retry-After)",
+    }
     return {str(c): {"description": words[c], "content": {"application/json": {"schema": ERROR}}} for c in codes}
 
 
@@ -32,9 +40,17 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
     components: dict[str, Any] = {
         "Error": {
             "type": "object",
-            "properties": {"error": {"type": "object", "properties": {
-                "message": {"type": "string"}, "type": {"type": "string"},
-                "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "param": {"type": ["string", "null"]},
+                        "code": {"type": ["string", "null"]},
+                    },
+                }
+            },
         }
     }
     chat_request = _schema(ChatCompletionRequest, components)
@@ -43,7 +59,11 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
     detokenize_request = _schema(DetokenizeRequest, components)
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Roundtrip API", "version": "1", "description": "OpenAI-compatible chat completions on a real model, with server-side timings."},
+        "info": {
+            "title": "Roundtrip API",
+            "version": "1",
+            "description": "OpenAI-compatible chat completions on a real model, with server-side timings.",
+        },
         "servers": [{"url": server_url}],
         "security": [{"bearer": []}],
         "paths": {
@@ -54,7 +74,10 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "A chat.completion object, or text/event-stream of chat.completion.chunk objects ending with [DONE]",
-                            "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
+                            "content": {
+                                "application/json": {"schema": {"type": "object"}},
+                                "text/event-stream": {"schema": {"type": "string"}},
+                            },
                         },
                         **_errors(400, 401, 403, 404, 405, 413, 429, 431, 500, 503),
                     },
@@ -67,19 +90,31 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "A text_completion object, or text/event-stream of text_completion chunks ending with [DONE]",
-                            "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
+                            "content": {
+                                "application/json": {"schema": {"type": "object"}},
+                                "text/event-stream": {"schema": {"type": "string"}},
+                            },
                         },
                         **_errors(400, 401, 403, 404, 405, 413, 429, 431, 500, 503),
                     },
                 }
             },
-            "/models": {"get": {"summary": "List the models this key may use", "responses": {"200": {"description": "A list of models"}, **_errors(401, 500)}}},
+            "/models": {
+                "get": {
+                    "summary": "List the models this key may use",
+                    "responses": {"200": {"description": "A list of models"}, **_errors(401, 500)},
+                }
+            },
             "/tokenize": {
                 "post": {
                     "summary": "Token ids and token strings for a text",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": tokenize_request}}},
-                    "responses": {"200": {"description": "ids, tokens, spans and count (and for messages the rendered prompt and its segments)"},
-                                  **_errors(400, 401, 403, 404, 413, 431, 500, 503)},
+                    "responses": {
+                        "200": {
+                            "description": "ids, tokens, spans and count (and for messages the rendered prompt and its segments)"
+                        },
+                        **_errors(400, 401, 403, 404, 413, 431, 500, 503),
+                    },
                 }
             },
             "/detokenize": {

@@ -10,7 +10,8 @@ Chat Completions request is accepted; the ones that change nothing here are list
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, ClassVar, Literal, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -87,7 +88,9 @@ class ResponseFormat(StrictModel):
     @model_validator(mode="after")
     def _schema_where_needed(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
-            raise _Conflict("response_format.json_schema", "'json_schema' is required with type 'json_schema', and only there.")
+            raise _Conflict(
+                "response_format.json_schema", "'json_schema' is required with type 'json_schema', and only there."
+            )
         return self
 
     @property
@@ -140,16 +143,27 @@ class SamplingFields(StrictModel):
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    stop: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)]
+        | None
+    ) = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = Field(
-        None, description="Makes sampling repeatable (under the same system_fingerprint); with n > 1, choice i uses seed + i.")
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = Field(1, description=f"Choices to generate (at most {MAX_N}): one prefill, decoded together.")
+        None,
+        description="Makes sampling repeatable (under the same system_fingerprint); with n > 1, choice i uses seed + i.",
+    )
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = Field(
+        1, description=f"Choices to generate (at most {MAX_N}): one prefill, decoded together."
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, description="Your id for the end user; kept in this server's usage log.")
-    ignore_eos: bool = Field(False, description="Keep generating past end-of-turn tokens (fixed output lengths for benchmarks).")
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, description="Token id (as a string) to a value added to its logit before sampling, -100 to 100.")
+    ignore_eos: bool = Field(
+        False, description="Keep generating past end-of-turn tokens (fixed output lengths for benchmarks)."
+    )
+    logit_bias: (
+        dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[float, Field(ge=-100, le=100)]] | None
+    ) = Field(None, description="Token id (as a string) to a value added to its logit before sampling, -100 to 100.")
 
     @property
     def include_usage(self) -> bool:
@@ -197,8 +211,11 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    continue_final_message: bool = Field(False, description="vLLM's: the last message is the assistant's unfinished answer, and "
-                                         "generation continues its text instead of starting a new turn.")
+    continue_final_message: bool = Field(
+        False,
+        description="vLLM's: the last message is the assistant's unfinished answer, and "
+        "generation continues its text instead of starting a new turn.",
+    )
     # Accepted for compatibility; they change nothing here (listed in x-roundtrip-ignored-fields).
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -216,14 +233,26 @@ class ChatCompletionRequest(SamplingFields):
         if self.tool_choice not in (None, "none", "auto") and not names:
             raise _Conflict("tool_choice", "'tool_choice' asks for a tool call, but 'tools' is empty.")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
-            raise _Conflict("tool_choice", f"'tool_choice' names the function {self.tool_choice.function.name!r}, which is not in 'tools'.")
+            raise _Conflict(
+                "tool_choice",
+                f"'tool_choice' names the function {self.tool_choice.function.name!r}, which is not in 'tools'.",
+            )
         if len(set(names)) != len(names):
             raise _Conflict("tools", "Function names in 'tools' must be unique.")
         if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise _Conflict("continue_final_message", "'continue_final_message' needs the last message to be the assistant's.")
+            raise _Conflict(
+                "continue_final_message", "'continue_final_message' needs the last message to be the assistant's."
+            )
         return self
 
-    IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "service_tier", "reasoning_effort", "modalities", "prediction")
+    IGNORED: ClassVar[tuple[str, ...]] = (
+        "metadata",
+        "store",
+        "service_tier",
+        "reasoning_effort",
+        "modalities",
+        "prediction",
+    )
 
     @property
     def ignored_fields(self) -> list[str]:
@@ -272,9 +301,12 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions (legacy): a raw text prompt, continued as it is, without the chat template."""
 
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
-        description="The text to continue (a list holds exactly one text: batches of prompts are not served).")
+        description="The text to continue (a list holds exactly one text: batches of prompts are not served)."
+    )
     echo: bool = Field(False, description="Put the prompt before the completion in the returned text.")
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(None, description="Log-probabilities of each token and its best alternatives (0-5).")
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(
+        None, description="Log-probabilities of each token and its best alternatives (0-5)."
+    )
     suffix: str | None = Field(None, description="Refused unless empty: this model does not fill in the middle.")
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
 
@@ -282,11 +314,16 @@ class CompletionRequest(SamplingFields):
     def _consistent(self) -> CompletionRequest:
         self._check_stream_options()
         if self.suffix:
-            raise _Conflict("suffix", "'suffix' is not supported: this model cannot fill in the middle; put all the text in 'prompt'.")
+            raise _Conflict(
+                "suffix",
+                "'suffix' is not supported: this model cannot fill in the middle; put all the text in 'prompt'.",
+            )
         if self.best_of is not None and self.best_of != self.n:
             raise _Conflict("best_of", "'best_of' other than 'n' is not supported: every generated choice is returned.")
         if self.echo and self.logprobs is not None:
-            raise _Conflict("echo", "'echo' with 'logprobs' is not supported: prompt tokens have no log-probabilities here.")
+            raise _Conflict(
+                "echo", "'echo' with 'logprobs' is not supported: prompt tokens have no log-probabilities here."
+            )
         return self
 
     @property
@@ -320,7 +357,9 @@ class TokenizeRequest(StrictModel):
     model: str = Field(min_length=1)
     text: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
-    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS, description="With messages: shown to the model as a chat request's tools are.")
+    tools: list[ToolDefinition] | None = Field(
+        None, max_length=MAX_TOOLS, description="With messages: shown to the model as a chat request's tools are."
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -380,8 +419,19 @@ def _param(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and not (part in ("str", "int", "float", "bool", "list[str]", "list[TextPart]", "function-after[_content_where_required(), ChatMessage]")
-                                            or part.startswith(("list[", "constrained-", "function-", "literal["))):
+        elif isinstance(part, str) and not (
+            part
+            in (
+                "str",
+                "int",
+                "float",
+                "bool",
+                "list[str]",
+                "list[TextPart]",
+                "function-after[_content_where_required(), ChatMessage]",
+            )
+            or part.startswith(("list[", "constrained-", "function-", "literal["))
+        ):
             out += f".{part}" if out else part
     return out
 
@@ -402,11 +452,31 @@ def _as_gateway_error(error: Mapping[str, Any]) -> GatewayError:
         return bad_request("'messages' must contain at least one message.", "messages")
     if param == "n" and kind in ("less_than_equal", "greater_than_equal"):
         return bad_request(f"'n' must be between 1 and {MAX_N} (got {value}).", "n")
-    if kind in ("float_type", "int_type", "bool_type", "string_type", "dict_type", "list_type", "model_type", "int_from_float", "finite_number"):
-        expected = {"float_type": "a number", "int_type": "an integer", "int_from_float": "an integer", "bool_type": "a boolean",
-                    "string_type": "a string", "dict_type": "an object", "model_type": "an object", "list_type": "a list",
-                    "finite_number": "a finite number"}[kind]
+    if kind in (
+        "float_type",
+        "int_type",
+        "bool_type",
+        "string_type",
+        "dict_type",
+        "list_type",
+        "model_type",
+        "int_from_float",
+        "finite_number",
+    ):
+        expected = {
+            "float_type": "a number",
+            "int_type": "an integer",
+            "int_from_float": "an integer",
+            "bool_type": "a boolean",
+            "string_type": "a string",
+            "dict_type": "an object",
+            "model_type": "an object",
+            "list_type": "a list",
+            "finite_number": "a finite number",
+        }[kind]
         return bad_request(f"Invalid type for '{param}': expected {expected}, got {value}.", param)
     if kind == "literal_error":
-        return bad_request(f"Invalid value for '{param}': {value}; expected {ctx.get('expected', 'one of the allowed values')}.", param)
+        return bad_request(
+            f"Invalid value for '{param}': {value}; expected {ctx.get('expected', 'one of the allowed values')}.", param
+        )
     return bad_request(f"Invalid '{param}': {error['msg']} (got {value}).", param)

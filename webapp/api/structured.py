@@ -11,8 +11,9 @@ cannot wander into blank lines. Built here as plain text: the web side needs no 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -29,17 +30,27 @@ def _json(schema: dict[str, Any]) -> str:
 
 
 def _call_schema(function: Function) -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": function.name}, "arguments": function.parameters or ANY_OBJECT},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function.name}, "arguments": function.parameters or ANY_OBJECT},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def _calls(functions: Sequence[Function], several: bool) -> list[str]:
     schemas = [_call_schema(f) for f in functions]
     one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    return ['calls: call ("\\n" call)*' if several else "calls: call", 'call: "<tool_call>\\n" call_json "\\n</tool_call>"', f"call_json: {_json(one)}"]
+    return [
+        'calls: call ("\\n" call)*' if several else "calls: call",
+        'call: "<tool_call>\\n" call_json "\\n</tool_call>"',
+        f"call_json: {_json(one)}",
+    ]
 
 
-def grammar(answer_schema: dict[str, Any] | None, functions: Sequence[Function], forced: bool, several: bool) -> str | None:
+def grammar(
+    answer_schema: dict[str, Any] | None, functions: Sequence[Function], forced: bool, several: bool
+) -> str | None:
     """Lark text for the output, or None when it is free text.
 
     `answer_schema`: the JSON the answer must be (ANY_OBJECT for json_object), None for text;

@@ -31,7 +31,12 @@ class CallDelta:
 
     def as_delta(self) -> dict[str, Any]:
         if self.id is not None:
-            return {"index": self.index, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+            return {
+                "index": self.index,
+                "id": self.id,
+                "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments},
+            }
         return {"index": self.index, "function": {"arguments": self.arguments}}
 
 

@@ -9,7 +9,8 @@ import asyncio
 import functools
 import json
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
@@ -17,9 +18,26 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.api.completions import Choice, Piece, choices_for, chunk, completion, sse, text_chunk, text_completion, timings
+from webapp.api.completions import (
+    Choice,
+    Piece,
+    choices_for,
+    chunk,
+    completion,
+    sse,
+    text_chunk,
+    text_completion,
+    timings,
+)
 from webapp.api.openapi import openapi_spec
-from webapp.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, json_body, parse
+from webapp.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    json_body,
+    parse,
+)
 from webapp.gateway import client
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import GatewayError
@@ -40,7 +58,9 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise GatewayError(413, "The request body is too large.", "invalid_request_error", "request_too_large") from None
+        raise GatewayError(
+            413, "The request body is too large.", "invalid_request_error", "request_too_large"
+        ) from None
     return json_body(raw)
 
 
@@ -48,13 +68,22 @@ def _headers_too_large(request: HttpRequest) -> GatewayError | None:
     size = sum(len(name) + len(value) for name, value in request.headers.items())
     if size <= APP_HEADER_BYTES:
         return None
-    return GatewayError(431, f"The request's headers take {size:,} bytes; the limit is {APP_HEADER_BYTES:,}.", "invalid_request_error",
-                        "headers_too_large")
+    return GatewayError(
+        431,
+        f"The request's headers take {size:,} bytes; the limit is {APP_HEADER_BYTES:,}.",
+        "invalid_request_error",
+        "headers_too_large",
+    )
 
 
 def _method_not_allowed(request: HttpRequest, allowed: str) -> GatewayError:
-    return GatewayError(405, f"Method {request.method} is not allowed here; use {allowed}.", "invalid_request_error", "method_not_allowed",
-                        headers={"Allow": allowed})
+    return GatewayError(
+        405,
+        f"Method {request.method} is not allowed here; use {allowed}.",
+        "invalid_request_error",
+        "method_not_allowed",
+        headers={"Allow": allowed},
+    )
 
 
 ApiView = Callable[[HttpRequest, Turn], Awaitable[HttpResponse]]
@@ -86,7 +115,9 @@ async def _authenticate(turn: Turn, request: HttpRequest) -> Identity:
     authorization = request.headers.get("Authorization")
     if authorization is None and request.headers.get("X-CSRFToken") and await sync_to_async(_csrf_ok)(request):
         user = await request.auser()
-        identity = identify_session(user.pk if user.is_authenticated else None, request.session.session_key or "", turn.ctx.client_ip)
+        identity = identify_session(
+            user.pk if user.is_authenticated else None, request.session.session_key or "", turn.ctx.client_ip
+        )
     else:
         identity = await sync_to_async(identify_key)(authorization)
     return turn.authenticated(identity, started)
@@ -122,8 +153,14 @@ async def chat_completions(request: HttpRequest, turn: Turn) -> HttpResponse:
         if body.ignored_fields:
             turn.ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
         await turn.admit(body.model)
-        await turn.generate(body.chat_messages, body.params, fit_max_tokens=not body.max_tokens_given, n=body.n, tools=body.tool_definitions,
-                            continue_final=body.continue_final_message)
+        await turn.generate(
+            body.chat_messages,
+            body.params,
+            fit_max_tokens=not body.max_tokens_given,
+            n=body.n,
+            tools=body.tool_definitions,
+            continue_final=body.continue_final_message,
+        )
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
     choices = choices_for(body.n, body.logprobs, tools=bool(body.offered_tools))
@@ -185,7 +222,17 @@ def _stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> A
         if choice.index in started:
             return []
         started.add(choice.index)
-        return [sse(chunk(turn, created, {"role": "assistant", "content": ""}, logprobs=[] if body.logprobs else None, index=choice.index))]
+        return [
+            sse(
+                chunk(
+                    turn,
+                    created,
+                    {"role": "assistant", "content": ""},
+                    logprobs=[] if body.logprobs else None,
+                    index=choice.index,
+                )
+            )
+        ]
 
     async def events() -> AsyncIterator[bytes]:
         async for choice, piece in _choice_events(turn, choices):
@@ -193,17 +240,27 @@ def _stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> A
                 for out in opened(choice):
                     yield out
                 if piece.text or piece.logprobs:
-                    content = chunk(turn, created, {"content": piece.text}, logprobs=piece.logprobs if body.logprobs else None, index=choice.index)
+                    content = chunk(
+                        turn,
+                        created,
+                        {"content": piece.text},
+                        logprobs=piece.logprobs if body.logprobs else None,
+                        index=choice.index,
+                    )
                     if body.continuous_usage:
                         content["usage"] = turn.usage.as_openai()  # the running counts, as vLLM sends them
                     yield sse(content)
                 if piece.calls:
-                    yield sse(chunk(turn, created, {"tool_calls": [d.as_delta() for d in piece.calls]}, index=choice.index))
+                    yield sse(
+                        chunk(turn, created, {"tool_calls": [d.as_delta() for d in piece.calls]}, index=choice.index)
+                    )
             if choice.finished is not None and choice.index not in done:
                 done.add(choice.index)
                 for out in opened(choice):
                     yield out
-                yield sse(chunk(turn, created, {}, choice.finish_reason, index=choice.index, roundtrip_timings=timings(turn)))
+                yield sse(
+                    chunk(turn, created, {}, choice.finish_reason, index=choice.index, roundtrip_timings=timings(turn))
+                )
         if body.include_usage:
             yield sse(chunk(turn, created, {}) | {"choices": [], "usage": turn.usage.as_openai()})
 
@@ -219,14 +276,18 @@ async def completions(request: HttpRequest, turn: Turn) -> HttpResponse:
         body: CompletionRequest = parse(CompletionRequest, _body(request))
         turn.ctx.stream, turn.ctx.end_user, turn.ctx.prompt_text = body.stream, body.user or "", body.prompt_text
         await turn.admit(body.model)
-        await turn.generate([], body.params, fit_max_tokens=not body.max_tokens_given, n=body.n, prompt=body.prompt_text)
+        await turn.generate(
+            [], body.params, fit_max_tokens=not body.max_tokens_given, n=body.n, prompt=body.prompt_text
+        )
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
     choices = choices_for(body.n, body.logprobs is not None)
     echo = body.prompt_text if body.echo else ""
     if body.stream:
         headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingHttpResponse(_text_stream(turn, body, choices, echo), content_type="text/event-stream", headers=headers)
+        return StreamingHttpResponse(
+            _text_stream(turn, body, choices, echo), content_type="text/event-stream", headers=headers
+        )
     return await _complete(turn, choices, lambda created: text_completion(turn, created, choices, body.logprobs, echo))
 
 
@@ -244,8 +305,16 @@ def _text_stream(turn: Turn, body: CompletionRequest, choices: list[Choice], ech
                 done.add(choice.index)
                 yield sse(text_chunk(turn, created, choice, Piece("", []), body.logprobs, choice.finish_reason))
         if body.include_usage:
-            yield sse({"id": turn.request_id, "object": "text_completion", "created": created, "model": turn.ctx.route.id if turn.ctx.route else "",
-                       "choices": [], "usage": turn.usage.as_openai()})
+            yield sse(
+                {
+                    "id": turn.request_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": turn.ctx.route.id if turn.ctx.route else "",
+                    "choices": [],
+                    "usage": turn.usage.as_openai(),
+                }
+            )
 
     done: set[int] = set()
     return _sse(turn, events())
@@ -258,7 +327,14 @@ async def models(request: HttpRequest, turn: Turn) -> HttpResponse:
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
     data = [
-        {"id": r.id, "object": "model", "created": 0, "owned_by": "roundtrip", "aliases": list(r.aliases), "status": await sync_to_async(model_load)(r.id)}
+        {
+            "id": r.id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "roundtrip",
+            "aliases": list(r.aliases),
+            "status": await sync_to_async(model_load)(r.id),
+        }
         for r in configured_models()
         if identity.may_use(r.id)
     ]
@@ -278,7 +354,13 @@ async def tokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
         return await _refused(turn, exc)
     turn.usage.prompt_tokens = len(answer["ids"])
     await turn.settle()
-    out = {"model": route.id, "ids": answer["ids"], "tokens": answer["tokens"], "spans": answer["spans"], "count": len(answer["ids"])}
+    out = {
+        "model": route.id,
+        "ids": answer["ids"],
+        "tokens": answer["tokens"],
+        "spans": answer["spans"],
+        "count": len(answer["ids"]),
+    }
     if body.messages is not None:
         out |= {"prompt": answer["text"], "segments": answer["segments"]}
     return JsonResponse(out)

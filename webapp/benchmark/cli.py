@@ -14,8 +14,9 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx2 as httpx
 from rich.console import Console
@@ -34,26 +35,46 @@ MAX_CONCURRENCY = 1024
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's /v1 base URL")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="bearer key (default $OPENAI_API_KEY)")
+    p.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="bearer key (default $OPENAI_API_KEY)"
+    )
     p.add_argument("--model", default="default")
     p.add_argument("--requests", type=int, default=32, help="requests per level (not counting warm-up)")
-    p.add_argument("--concurrency", default="", help="concurrent clients: one level or a comma list for a sweep (default 1)")
-    p.add_argument("--rate", default="", help="requests per second (Poisson arrivals): one or a comma list; instead of --concurrency")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps: 1 Poisson, <1 burstier")
+    p.add_argument(
+        "--concurrency", default="", help="concurrent clients: one level or a comma list for a sweep (default 1)"
+    )
+    p.add_argument(
+        "--rate",
+        default="",
+        help="requests per second (Poisson arrivals): one or a comma list; instead of --concurrency",
+    )
+    p.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps: 1 Poisson, <1 burstier"
+    )
     p.add_argument("--max-tokens", default="128", help="output tokens: N, or LOW:HIGH drawn uniformly")
     p.add_argument("--prompt-tokens", default="128", help="prompt tokens of synthetic prompts: N or LOW:HIGH")
-    p.add_argument("--dataset", type=Path, help="JSONL prompts ({'prompt': ...} or ShareGPT records) instead of synthetic ones")
+    p.add_argument(
+        "--dataset", type=Path, help="JSONL prompts ({'prompt': ...} or ShareGPT records) instead of synthetic ones"
+    )
     p.add_argument("--warmup", type=int, default=2, help="requests sent first and left out")
-    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="let the model stop early (lengths then vary)")
+    p.add_argument(
+        "--no-ignore-eos", dest="ignore_eos", action="store_false", help="let the model stop early (lengths then vary)"
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--goodput-ttft", type=float, help="goodput target: TTFT at most this many ms")
     p.add_argument("--goodput-tpot", type=float, help="goodput target: time per output token at most this many ms")
     p.add_argument("--goodput-e2e", type=float, help="goodput target: end-to-end at most this many ms")
-    p.add_argument("--goodput-itl", type=float, help="goodput target: the request's 90th-percentile inter-token gap at most this many ms")
+    p.add_argument(
+        "--goodput-itl",
+        type=float,
+        help="goodput target: the request's 90th-percentile inter-token gap at most this many ms",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--max-duration", type=float, default=600.0, help="seconds per level at most")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", type=Path, help="JSON file of every request and the summary; CSV and PNG plots beside it")
+    p.add_argument(
+        "--output", type=Path, help="JSON file of every request and the summary; CSV and PNG plots beside it"
+    )
     return p
 
 
@@ -71,20 +92,40 @@ def levels(args: argparse.Namespace) -> list[Level]:
 async def run(args: argparse.Namespace, console: Console) -> tuple[list[LevelRun], list[dict[str, Any]]]:
     endpoint = Endpoint(args.url.rstrip("/"), args.api_key, args.model)
     settings = Settings(args.ignore_eos, args.temperature, args.timeout, args.max_duration)
-    targets = Targets(*(None if v is None else v / 1000 for v in (args.goodput_ttft, args.goodput_tpot, args.goodput_e2e, args.goodput_itl)))
+    targets = Targets(
+        *(
+            None if v is None else v / 1000
+            for v in (args.goodput_ttft, args.goodput_tpot, args.goodput_e2e, args.goodput_itl)
+        )
+    )
     prompt_tokens, max_tokens = Length.parse(args.prompt_tokens), Length.parse(args.max_tokens)
     runs, summaries = [], []
     async with httpx.AsyncClient(timeout=60) as client:
-        warmup = await build_items(client, endpoint, args.warmup, prompt_tokens, Length(8, 8), args.seed + 1, args.dataset) if args.warmup else []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as bar:
+        warmup = (
+            await build_items(client, endpoint, args.warmup, prompt_tokens, Length(8, 8), args.seed + 1, args.dataset)
+            if args.warmup
+            else []
+        )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
         if warmup:
             task = bar.add_task("warm-up", total=len(warmup))
             await run_level(endpoint, Level(concurrency=1), warmup, settings, args.seed, lambda r: bar.advance(task))
         for i, level in enumerate(args.levels):
             async with httpx.AsyncClient(timeout=60) as client:
-                items = await build_items(client, endpoint, args.requests, prompt_tokens, max_tokens, args.seed + 100 * i, args.dataset)
+                items = await build_items(
+                    client, endpoint, args.requests, prompt_tokens, max_tokens, args.seed + 100 * i, args.dataset
+                )
             task = bar.add_task(level.name, total=len(items))
-            level_run = await run_level(endpoint, level, items, settings, args.seed + i, lambda r, task=task: bar.advance(task))  # type: ignore[misc]
+            level_run = await run_level(
+                endpoint, level, items, settings, args.seed + i, lambda r, task=task: bar.advance(task)  # type: ignore[misc]
+            )
             runs.append(level_run)
             summaries.append(level_run.summary(targets))
     return runs, summaries
@@ -99,8 +140,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs, summaries = asyncio.run(run(args, console))
     print_table(summaries, Console())
     if args.output:
-        meta = {"url": args.url, "model": args.model, "requests": args.requests, "prompt_tokens": args.prompt_tokens,
-                "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos, "dataset": str(args.dataset or ""), "seed": args.seed}
+        meta = {
+            "url": args.url,
+            "model": args.model,
+            "requests": args.requests,
+            "prompt_tokens": args.prompt_tokens,
+            "max_tokens": args.max_tokens,
+            "ignore_eos": args.ignore_eos,
+            "dataset": str(args.dataset or ""),
+            "seed": args.seed,
+        }
         for path in write_files(args.output, runs, summaries, meta):
             console.print(f"wrote {path}")
     failed = sum(s["requests"] - s["succeeded"] for s in summaries)

@@ -30,19 +30,29 @@ class Endpoint:
 
 
 def request_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, temperature: float) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
-                            "temperature": temperature, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": temperature,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     if ignore_eos:
         body["ignore_eos"] = True  # vLLM, llama.cpp and Roundtrip: exactly max_tokens tokens
     return body
 
 
-async def stream_one(client: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any], result: RequestResult, started: float) -> RequestResult:
+async def stream_one(
+    client: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any], result: RequestResult, started: float
+) -> RequestResult:
     """Send `body`, fill `result` as chunks arrive; every failure becomes `result.error`, never an exception."""
     result.sent = time.perf_counter() - started
     seen_tokens = 0
     try:
-        async with client.stream("POST", f"{endpoint.url}/chat/completions", json=body, headers=endpoint.headers) as response:
+        async with client.stream(
+            "POST", f"{endpoint.url}/chat/completions", json=body, headers=endpoint.headers
+        ) as response:
             result.request_id = response.headers.get("x-request-id", "")
             if response.status_code != 200:
                 result.error = f"http_{response.status_code}"

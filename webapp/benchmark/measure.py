@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass
@@ -108,7 +109,7 @@ PERCENTILES = (50, 90, 99)
 def distribution(values: Sequence[float]) -> dict[str, float]:
     """mean, p50, p90, p99 and max (nearest-rank percentiles, so each is a value that occurred); NaN when empty."""
     if not values:
-        return {k: math.nan for k in ("mean", "p50", "p90", "p99", "max", "std")}
+        return dict.fromkeys(("mean", "p50", "p90", "p99", "max", "std"), math.nan)
     ordered = sorted(values)
     out = {"mean": statistics.fmean(ordered), "max": ordered[-1], "std": statistics.pstdev(ordered)}
     for p in PERCENTILES:
@@ -149,8 +150,11 @@ def summarize(results: Sequence[RequestResult], wall: float, targets: Targets = 
     }
     if targets.any:
         good = sum(targets.met_by(r) for r in results)
-        summary["goodput"] = {"requests": good, "fraction": good / len(results) if results else math.nan,
-                              "per_s": good / wall if wall > 0 else math.nan}
+        summary["goodput"] = {
+            "requests": good,
+            "fraction": good / len(results) if results else math.nan,
+            "per_s": good / wall if wall > 0 else math.nan,
+        }
     return summary
 
 

@@ -33,7 +33,11 @@ class BenchResult(models.Model):
 
     @classmethod
     def owned_by(cls, user_id: int | None, session_key: str) -> models.QuerySet[BenchResult]:
-        return cls.objects.filter(user_id=user_id) if user_id else cls.objects.filter(user__isnull=True, session_key=session_key)
+        return (
+            cls.objects.filter(user_id=user_id)
+            if user_id
+            else cls.objects.filter(user__isnull=True, session_key=session_key)
+        )
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per measured request, for CSV export."""
@@ -44,4 +48,15 @@ class BenchResult(models.Model):
         return out
 
 
-CSV_FIELDS = ("status", "error", "ttft_ms", "e2e_ms", "tokens", "tokens_per_s", "mean_itl_ms", "server_ttft_ms", "server_itl_ms", "request_id")
+CSV_FIELDS = (
+    "status",
+    "error",
+    "ttft_ms",
+    "e2e_ms",
+    "tokens",
+    "tokens_per_s",
+    "mean_itl_ms",
+    "server_ttft_ms",
+    "server_itl_ms",
+    "request_id",
+)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -29,9 +30,14 @@ def print_table(summaries: Sequence[dict[str, Any]], console: Console) -> None:
         table.add_column(column, justify="right")
     for s in summaries:
         good = s.get("goodput")
-        table.add_row(s["level"], f"{s['succeeded']} / {s['requests']}", f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}",
-                      f"{good['fraction']:.0%} ({good['per_s']:.2f}/s)" if good else "-",
-                      ", ".join(f"{kind}: {n}" for kind, n in s["errors"].items()) or "none")
+        table.add_row(
+            s["level"],
+            f"{s['succeeded']} / {s['requests']}",
+            f"{s['request_throughput']:.2f}",
+            f"{s['output_throughput']:.1f}",
+            f"{good['fraction']:.0%} ({good['per_s']:.2f}/s)" if good else "-",
+            ", ".join(f"{kind}: {n}" for kind, n in s["errors"].items()) or "none",
+        )
     console.print(table)
     latency = Table(title="latency (ms), measured on the client")
     for column in ("level", "metric", "mean", "p50", "p90", "p99", "max"):
@@ -42,7 +48,9 @@ def print_table(summaries: Sequence[dict[str, Any]], console: Console) -> None:
     console.print(latency)
     server = [s for s in summaries if s["server"]["ttft"]["p50"] == s["server"]["ttft"]["p50"]]  # NaN when not reported
     if server:
-        clocks = Table(title="server clocks beside client clocks (p50, ms): the difference is network, HTTP and framework")
+        clocks = Table(
+            title="server clocks beside client clocks (p50, ms): the difference is network, HTTP and framework"
+        )
         for column in ("level", "TTFT client", "TTFT server", "difference", "ITL client", "ITL server", "difference"):
             clocks.add_column(column, justify="right")
         for s in server:
@@ -52,15 +60,33 @@ def print_table(summaries: Sequence[dict[str, Any]], console: Console) -> None:
         console.print(clocks)
 
 
-def write_files(output: Path, runs: Sequence[LevelRun], summaries: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[Path]:
+def write_files(
+    output: Path, runs: Sequence[LevelRun], summaries: Sequence[dict[str, Any]], meta: dict[str, Any]
+) -> list[Path]:
     """OUTPUT (JSON), OUTPUT with .csv, and OUTPUT-*.png: every file written."""
     output.parent.mkdir(parents=True, exist_ok=True)
     requests = [r.to_dict() for run in runs for r in run.results]
-    output.write_text(json.dumps({"meta": meta, "summary": list(summaries), "requests": requests}, indent=1, default=_plain))
+    output.write_text(
+        json.dumps({"meta": meta, "summary": list(summaries), "requests": requests}, indent=1, default=_plain)
+    )
     written = [output]
     csv_path = output.with_suffix(".csv")
     with csv_path.open("w", newline="") as f:
-        columns = ["level", "index", "request_id", "sent", "ended", "error", "prompt_tokens", "output_tokens", "ttft", "tpot", "e2e", "server_ttft", "server_itl"]
+        columns = [
+            "level",
+            "index",
+            "request_id",
+            "sent",
+            "ended",
+            "error",
+            "prompt_tokens",
+            "output_tokens",
+            "ttft",
+            "tpot",
+            "e2e",
+            "server_ttft",
+            "server_itl",
+        ]
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(requests)

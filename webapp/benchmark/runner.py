@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx2 as httpx
 
@@ -49,10 +50,18 @@ class Settings:
 Progress = Callable[[RequestResult], None]
 
 
-async def run_level(endpoint: Endpoint, level: Level, items: list[Item], settings: Settings, seed: int,
-                    on_done: Progress = lambda r: None) -> LevelRun:
+async def run_level(
+    endpoint: Endpoint,
+    level: Level,
+    items: list[Item],
+    settings: Settings,
+    seed: int,
+    on_done: Progress = lambda r: None,
+) -> LevelRun:
     run = LevelRun(level)
-    limits = httpx.Limits(max_connections=(level.concurrency or 256) + 4, max_keepalive_connections=(level.concurrency or 256) + 4)
+    limits = httpx.Limits(
+        max_connections=(level.concurrency or 256) + 4, max_keepalive_connections=(level.concurrency or 256) + 4
+    )
     started = time.perf_counter()
     deadline = started + settings.max_duration
     async with httpx.AsyncClient(timeout=settings.timeout, limits=limits) as client:

@@ -37,7 +37,9 @@ def _owner(request: HttpRequest) -> tuple[int | None, str]:
 def page(request: HttpRequest) -> HttpResponse:
     _owner(request)
     models = [r.id for r in configured_models()]
-    return render(request, "benchmark/bench.html", {"models": models, "presets": PRESETS, "presets_json": json.dumps(PRESETS)})
+    return render(
+        request, "benchmark/bench.html", {"models": models, "presets": PRESETS, "presets_json": json.dumps(PRESETS)}
+    )
 
 
 @require_POST
@@ -51,11 +53,18 @@ def save(request: HttpRequest) -> JsonResponse:
         if not isinstance(settings, dict) or not isinstance(lanes, list):
             raise ValueError
     except (ValueError, KeyError, TypeError):
-        return JsonResponse({"error": "Expected JSON with 'title', 'settings' (an object) and 'lanes' (a list)."}, status=400)
+        return JsonResponse(
+            {"error": "Expected JSON with 'title', 'settings' (an object) and 'lanes' (a list)."}, status=400
+        )
     user_id, session_key = _owner(request)
-    result = BenchResult.objects.create(user_id=user_id, session_key=session_key, title=title or "benchmark", settings=settings, lanes=lanes)
-    return JsonResponse({"slug": result.slug, "url": request.build_absolute_uri(f"/bench/r/{result.slug}/")}, status=201,
-                        headers={"HX-Trigger": "bench-saved"})
+    result = BenchResult.objects.create(
+        user_id=user_id, session_key=session_key, title=title or "benchmark", settings=settings, lanes=lanes
+    )
+    return JsonResponse(
+        {"slug": result.slug, "url": request.build_absolute_uri(f"/bench/r/{result.slug}/")},
+        status=201,
+        headers={"HX-Trigger": "bench-saved"},
+    )
 
 
 @require_GET
@@ -74,7 +83,13 @@ def _result(slug: str) -> BenchResult:
 def permalink(request: HttpRequest, slug: str) -> HttpResponse:
     """Anyone with the link sees the result, read-only (the page draws it from the same data it measured)."""
     result = _result(slug)
-    data = {"title": result.title, "settings": result.settings, "lanes": result.lanes, "created": result.created_at.isoformat(), "slug": result.slug}
+    data = {
+        "title": result.title,
+        "settings": result.settings,
+        "lanes": result.lanes,
+        "created": result.created_at.isoformat(),
+        "slug": result.slug,
+    }
     return render(request, "benchmark/result.html", {"result": result, "result_json": data})
 
 
@@ -86,15 +101,26 @@ def compare(request: HttpRequest) -> HttpResponse:
     if not results:
         raise Http404("Choose saved results to compare.")
     lanes = [{**lane, "name": f"{r.title[:30]} · {lane.get('name', '')}"} for r in results for lane in r.lanes]
-    data = {"title": " vs ".join(r.title[:30] for r in results), "lanes": lanes, "slug": "-".join(r.slug for r in results)}
+    data = {
+        "title": " vs ".join(r.title[:30] for r in results),
+        "lanes": lanes,
+        "slug": "-".join(r.slug for r in results),
+    }
     return render(request, "benchmark/compare.html", {"results": results, "result_json": data})
 
 
 @require_GET
 def export_json(request: HttpRequest, slug: str) -> JsonResponse:
     result = _result(slug)
-    return JsonResponse({"title": result.title, "created": result.created_at.isoformat(), "settings": result.settings, "lanes": result.lanes},
-                        headers={"Content-Disposition": f'attachment; filename="bench-{slug}.json"'})
+    return JsonResponse(
+        {
+            "title": result.title,
+            "created": result.created_at.isoformat(),
+            "settings": result.settings,
+            "lanes": result.lanes,
+        },
+        headers={"Content-Disposition": f'attachment; filename="bench-{slug}.json"'},
+    )
 
 
 @require_GET
@@ -104,7 +130,11 @@ def export_csv(request: HttpRequest, slug: str) -> HttpResponse:
     writer = csv.DictWriter(out, fieldnames=["lane", "run", *CSV_FIELDS])
     writer.writeheader()
     writer.writerows(result.rows())
-    return HttpResponse(out.getvalue(), content_type="text/csv", headers={"Content-Disposition": f'attachment; filename="bench-{slug}.csv"'})
+    return HttpResponse(
+        out.getvalue(),
+        content_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="bench-{slug}.csv"'},
+    )
 
 
 @require_GET

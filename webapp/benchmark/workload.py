@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx2 as httpx
 
 from webapp.benchmark.client import Endpoint
 
-WORDS = ("time river light story city garden music ocean mountain window letter bridge morning winter signal "
-         "harbor engine forest library market voice paper silver lantern journey").split()
+WORDS = ["time", "river", "light", "story", "city", "garden", "music", "ocean", "mountain", "window", "letter", "bridge", "morning", "winter", "signal", "harbor", "engine", "forest", "library", "market", "voice", "paper", "silver", "lantern", "journey"]
 
 
 @dataclass(frozen=True)
@@ -53,20 +52,27 @@ def synthetic_prompt(rng: random.Random, words: int, index: int) -> str:
     return f"Request {index}: continue this text. {body}"
 
 
-async def exact_prompt(client: httpx.AsyncClient, endpoint: Endpoint, rng: random.Random, tokens: int, index: int) -> str:
+async def exact_prompt(
+    client: httpx.AsyncClient, endpoint: Endpoint, rng: random.Random, tokens: int, index: int
+) -> str:
     """A prompt of exactly `tokens` tokens by the server's own tokenizer, when it has /v1/tokenize; else ~1 token per word."""
     text = synthetic_prompt(rng, tokens, index)
     try:
         for _ in range(4):  # words are mostly one token: adjust by the difference until it matches
-            r = await client.post(f"{endpoint.url}/tokenize", json={"model": endpoint.model, "text": text}, headers=endpoint.headers)
+            r = await client.post(
+                f"{endpoint.url}/tokenize", json={"model": endpoint.model, "text": text}, headers=endpoint.headers
+            )
             if r.status_code != 200:
                 break
             count = int(r.json()["count"])
             if count == tokens:
                 break
             words = text.split(" ")
-            text = " ".join(words[: len(words) - (count - tokens)]) if count > tokens else text + " " + " ".join(
-                rng.choice(WORDS) for _ in range(tokens - count))
+            text = (
+                " ".join(words[: len(words) - (count - tokens)])
+                if count > tokens
+                else text + " " + " ".join(rng.choice(WORDS) for _ in range(tokens - count))
+            )
     except (httpx.HTTPError, KeyError, ValueError):
         pass
     return text
@@ -81,7 +87,9 @@ def dataset_prompts(path: Path) -> list[str]:
         if "prompt" in record:
             prompts.append(str(record["prompt"]))
         elif "conversations" in record:
-            human = next((turn.get("value") for turn in record["conversations"] if turn.get("from") in ("human", "user")), None)
+            human = next(
+                (turn.get("value") for turn in record["conversations"] if turn.get("from") in ("human", "user")), None
+            )
             if human:
                 prompts.append(str(human))
     if not prompts:
@@ -89,8 +97,15 @@ def dataset_prompts(path: Path) -> list[str]:
     return prompts
 
 
-async def build_items(client: httpx.AsyncClient, endpoint: Endpoint, count: int, prompt_tokens: Length, max_tokens: Length,
-                      seed: int, dataset: Path | None = None) -> list[Item]:
+async def build_items(
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    count: int,
+    prompt_tokens: Length,
+    max_tokens: Length,
+    seed: int,
+    dataset: Path | None = None,
+) -> list[Item]:
     rng = random.Random(seed)
     pool = dataset_prompts(dataset) if dataset else None
     items = []

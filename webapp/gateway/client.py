@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.layers import BaseChannelLayer, get_channel_layer
@@ -21,7 +22,16 @@ from inference.params import SamplingParams
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.routing import ModelRoute
 from webapp.worker import registry
-from webapp.worker.protocol import DetokenizeRequest, GenerateRequest, InspectRequest, PromptAttentionRequest, ResampleRequest, TokenizeRequest, WorkerStatus, params_to_dict
+from webapp.worker.protocol import (
+    DetokenizeRequest,
+    GenerateRequest,
+    InspectRequest,
+    PromptAttentionRequest,
+    ResampleRequest,
+    TokenizeRequest,
+    WorkerStatus,
+    params_to_dict,
+)
 
 
 def new_request_id() -> str:
@@ -36,12 +46,23 @@ def _layer() -> BaseChannelLayer:
 
 
 def _layer_failed(exc: BaseException) -> GatewayError:
-    return GatewayError(503, f"The channel layer failed ({type(exc).__name__}); retry shortly.", "server_error", "channel_layer_error", headers={"Retry-After": "2"})
+    return GatewayError(
+        503,
+        f"The channel layer failed ({type(exc).__name__}); retry shortly.",
+        "server_error",
+        "channel_layer_error",
+        headers={"Retry-After": "2"},
+    )
 
 
 def _worker_lost(worker: str) -> GatewayError:
-    return GatewayError(503, f"The inference worker {worker} stopped answering (no heartbeat for {registry.HEARTBEAT_TTL} s); retry.",
-                        "server_error", "worker_lost", headers={"Retry-After": "1"})
+    return GatewayError(
+        503,
+        f"The inference worker {worker} stopped answering (no heartbeat for {registry.HEARTBEAT_TTL} s); retry.",
+        "server_error",
+        "worker_lost",
+        headers={"Retry-After": "1"},
+    )
 
 
 async def _send(layer: BaseChannelLayer, channel: str, message: Mapping[str, Any]) -> None:
@@ -58,7 +79,9 @@ def _raise_for(message: dict[str, Any]) -> None:
         status = int(message.get("status", 500))
         headers = {"Retry-After": str(message["retry_after"])} if "retry_after" in message else {}
         kind = "invalid_request_error" if status < 500 else "server_error"
-        raise GatewayError(status, str(message.get("message")), kind, message.get("code"), message.get("param"), headers)
+        raise GatewayError(
+            status, str(message.get("message")), kind, message.get("code"), message.get("param"), headers
+        )
 
 
 class Replies:
@@ -85,11 +108,18 @@ class Replies:
                 except Exception as exc:  # Redis down or the like: an answer in the API's own format, not a crash
                     raise _layer_failed(exc) from exc
                 return message
-            if self.worker is not None and not await sync_to_async(registry.is_alive, thread_sensitive=False)(self.worker):
+            if self.worker is not None and not await sync_to_async(registry.is_alive, thread_sensitive=False)(
+                self.worker
+            ):
                 raise _worker_lost(self.worker)
             if deadline is not None and time.monotonic() > deadline:
-                raise GatewayError(503, "The inference worker did not answer in time; retry shortly.", "server_error", "worker_timeout",
-                                   headers={"Retry-After": "5"})
+                raise GatewayError(
+                    503,
+                    "The inference worker did not answer in time; retry shortly.",
+                    "server_error",
+                    "worker_timeout",
+                    headers={"Retry-After": "5"},
+                )
 
     def close(self) -> None:
         if self._receiving is not None:
@@ -112,7 +142,15 @@ async def _target(route: ModelRoute) -> tuple[str, str | None]:
 class Generation:
     """One request's replies. `start()` waits until the worker accepted it (or raises its error)."""
 
-    def __init__(self, layer: BaseChannelLayer, request_id: str, reply_to: str, worker: str | None, step: bool = False, n: int = 1) -> None:
+    def __init__(
+        self,
+        layer: BaseChannelLayer,
+        request_id: str,
+        reply_to: str,
+        worker: str | None,
+        step: bool = False,
+        n: int = 1,
+    ) -> None:
         self.layer = layer
         self.step = step
         self.n = n  # choices: the generation ends when each has its "finished" event
@@ -258,7 +296,9 @@ async def _ask(route: ModelRoute, message: dict[str, Any], answer: str) -> dict[
     channel, worker = await _target(route)
     replies = Replies(layer, reply_to, worker)
     try:
-        await _send(layer, channel, {**message, "model": route.id, "request_id": new_request_id(), "reply_to": reply_to})
+        await _send(
+            layer, channel, {**message, "model": route.id, "request_id": new_request_id(), "reply_to": reply_to}
+        )
         while True:
             reply = await replies.next()
             _raise_for(reply)
@@ -270,8 +310,12 @@ async def _ask(route: ModelRoute, message: dict[str, Any], answer: str) -> dict[
             registry.in_flight[worker] -= 1
 
 
-async def tokenize(route: ModelRoute, text: str | None = None, messages: list[dict[str, Any]] | None = None,
-                   tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+async def tokenize(
+    route: ModelRoute,
+    text: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Ids and token strings for plain `text`, or for `messages` (and `tools`) rendered with the model's chat template."""
     message: TokenizeRequest = {"type": "tokenize", "model": route.id, "request_id": "", "reply_to": ""}
     if messages is not None:
@@ -291,21 +335,44 @@ async def detokenize(route: ModelRoute, ids: list[int]) -> str:
 
 async def prompt_attention(route: ModelRoute, ids: list[int], layer: int) -> dict[str, Any]:
     """The prefill's token x token attention at `layer` for the prompt `ids` (its first 256 positions), by the worker."""
-    message: PromptAttentionRequest = {"type": "prompt_attention", "model": route.id, "request_id": "", "reply_to": "", "ids": ids, "layer": layer}
+    message: PromptAttentionRequest = {
+        "type": "prompt_attention",
+        "model": route.id,
+        "request_id": "",
+        "reply_to": "",
+        "ids": ids,
+        "layer": layer,
+    }
     attention: dict[str, Any] = (await _ask(route, dict(message), "prompt_attention"))["attention"]
     return attention
 
 
-async def resample(route: ModelRoute, prompt_ids: list[int], generated: list[int], params: SamplingParams) -> dict[str, Any]:
+async def resample(
+    route: ModelRoute, prompt_ids: list[int], generated: list[int], params: SamplingParams
+) -> dict[str, Any]:
     """The sampled event of a past step drawn again with `params` (after `prompt_ids` + `generated`), by the worker."""
-    message: ResampleRequest = {"type": "resample", "model": route.id, "request_id": "", "reply_to": "", "prompt_ids": prompt_ids,
-                                "generated": generated, "params": params_to_dict(params)}
+    message: ResampleRequest = {
+        "type": "resample",
+        "model": route.id,
+        "request_id": "",
+        "reply_to": "",
+        "prompt_ids": prompt_ids,
+        "generated": generated,
+        "params": params_to_dict(params),
+    }
     event: dict[str, Any] = (await _ask(route, dict(message), "resampled"))["event"]
     return event
 
 
 async def inspect(route: ModelRoute, ids: list[int]) -> dict[str, Any]:
     """Full-level detail (attention, norms, logit lens) for the last of `ids`, recomputed by the worker."""
-    message: InspectRequest = {"type": "inspect", "model": route.id, "request_id": "", "reply_to": "", "ids": ids, "sent_at": time.time()}
+    message: InspectRequest = {
+        "type": "inspect",
+        "model": route.id,
+        "request_id": "",
+        "reply_to": "",
+        "ids": ids,
+        "sent_at": time.time(),
+    }
     detail: dict[str, Any] = (await _ask(route, dict(message), "inspection"))["detail"]
     return detail

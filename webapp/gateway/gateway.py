@@ -88,7 +88,13 @@ def route_model(ctx: RequestContext, identity: Identity, model: str) -> ModelRou
     started = time.perf_counter()
     route = resolve(model)
     if not identity.may_use(route.id):
-        raise GatewayError(403, f"This API key may not use the model {route.id!r}.", "invalid_request_error", "model_not_allowed", "model")
+        raise GatewayError(
+            403,
+            f"This API key may not use the model {route.id!r}.",
+            "invalid_request_error",
+            "model_not_allowed",
+            "model",
+        )
     ctx.route = route
     ctx.timed("route", started, model=route.id, channel=route.work_channel)
     return route

@@ -47,7 +47,9 @@ def identify_key(authorization: str | None) -> Identity:
     except KeyRejected as exc:
         raise _unauthorized(exc.reason) from None
     key.touch()
-    limits = Limits(key.requests_per_minute, key.tokens_per_minute, key.concurrent_streams, key.token_budget, key.budget_period)
+    limits = Limits(
+        key.requests_per_minute, key.tokens_per_minute, key.concurrent_streams, key.token_budget, key.budget_period
+    )
     return Identity("key", f"key:{key.pk}", limits, api_key=key, user_id=key.owner_id)
 
 
@@ -56,6 +58,17 @@ def identify_session(user_id: int | None, session_key: str, client_ip: str | Non
     visitors are also counted per address, under looser limits (many people may share one address), so a fresh
     cookie before each turn does not mean fresh limits."""
     if user_id is not None:
-        return Identity("user", f"user:{user_id}", Limits.from_dict(settings.ROUNDTRIP_USER_LIMITS), user_id=user_id, session_key=session_key)
-    return Identity("anonymous", f"session:{session_key}", Limits.from_dict(settings.ROUNDTRIP_ANONYMOUS_LIMITS), session_key=session_key,
-                    address_bucket=f"ip:{client_ip}" if client_ip else None)
+        return Identity(
+            "user",
+            f"user:{user_id}",
+            Limits.from_dict(settings.ROUNDTRIP_USER_LIMITS),
+            user_id=user_id,
+            session_key=session_key,
+        )
+    return Identity(
+        "anonymous",
+        f"session:{session_key}",
+        Limits.from_dict(settings.ROUNDTRIP_ANONYMOUS_LIMITS),
+        session_key=session_key,
+        address_bucket=f"ip:{client_ip}" if client_ip else None,
+    )

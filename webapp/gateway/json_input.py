@@ -40,7 +40,10 @@ def loads_object(text: str, what: str = "The request body") -> dict[str, Any]:
         raise BadJSON(f"{what} must be a JSON object.")
     where = lone_surrogate(value)
     if where is not None:
-        raise BadJSON(f"'{where}' contains a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is not text.", where)
+        raise BadJSON(
+            f"'{where}' contains a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is not text.",
+            where,
+        )
     return value
 
 

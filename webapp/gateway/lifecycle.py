@@ -20,8 +20,9 @@ import functools
 import hashlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
 
@@ -82,8 +83,12 @@ class Usage:
         return int(first["cached_tokens"]) if first else 0
 
     def as_openai(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens, "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,7 +122,9 @@ class Turn:
         assert self.ctx.route is not None
         return self.ctx.route
 
-    async def generate(self, messages: list[dict[str, Any]], params: Any, level: str = "off", **options: Any) -> client.Generation:
+    async def generate(
+        self, messages: list[dict[str, Any]], params: Any, level: str = "off", **options: Any
+    ) -> client.Generation:
         """Stage 4 begins: the worker accepted the request (or GatewayError); observers hear of it.
 
         While staff watch, an untraced request is traced at `summary`, so the watch page can show its every stage;
@@ -152,9 +159,17 @@ class Turn:
         record = self.record
         assert record is not None, "settle first"
         return {
-            "record": {"id": record.pk, "request_id": record.request_id, "status": record.status, "finish_reason": record.finish_reason,
-                       "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
-                       "ttft_ms": record.ttft_ms, "total_ms": record.total_ms, "model": record.model},
+            "record": {
+                "id": record.pk,
+                "request_id": record.request_id,
+                "status": record.status,
+                "finish_reason": record.finish_reason,
+                "prompt_tokens": record.prompt_tokens,
+                "completion_tokens": record.completion_tokens,
+                "ttft_ms": record.ttft_ms,
+                "total_ms": record.total_ms,
+                "model": record.model,
+            },
             "stages": [{"name": s.name, "ms": s.seconds * 1000} for s in self.ctx.stages],
         }
 
@@ -176,10 +191,17 @@ class Turn:
         if isinstance(exc, GatewayError):
             error = exc
         elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-            error = GatewayError(499, "The client closed the request.", "invalid_request_error", "client_closed_request")
+            error = GatewayError(
+                499, "The client closed the request.", "invalid_request_error", "client_closed_request"
+            )
         else:
             log.error("request %s failed", self.request_id, exc_info=exc)
-            error = GatewayError(500, f"The server failed while handling this request (request id {self.request_id}).", "server_error", "server_error")
+            error = GatewayError(
+                500,
+                f"The server failed while handling this request (request id {self.request_id}).",
+                "server_error",
+                "server_error",
+            )
         self.status, self.error_code = error.status, error.code or error.type
         return error
 
@@ -213,9 +235,18 @@ class Turn:
                 await asyncio.shield(generation.cancel())
             generation.close()
         ttft = None if self.usage.first_token_at is None else self.usage.first_token_at - self.ctx.started
-        self.record = await asyncio.shield(sync_to_async(record_usage)(
-            self.ctx, self.status, self.finish_reason, self.error_code, self.usage.prompt_tokens, self.usage.completion_tokens, ttft,
-            self.usage.cached_tokens))
+        self.record = await asyncio.shield(
+            sync_to_async(record_usage)(
+                self.ctx,
+                self.status,
+                self.finish_reason,
+                self.error_code,
+                self.usage.prompt_tokens,
+                self.usage.completion_tokens,
+                ttft,
+                self.usage.cached_tokens,
+            )
+        )
         for observer in _observers:
             await observer.settled(self, self.record)
         return self.record

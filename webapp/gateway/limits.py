@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.cache import cache
@@ -79,11 +79,11 @@ def _window(now: float) -> tuple[int, float]:
 
 def _budget_period(period: str, now: float) -> tuple[str, float]:
     """The period's label and the seconds until it ends (UTC)."""
-    day = datetime.fromtimestamp(now, timezone.utc)
+    day = datetime.fromtimestamp(now, UTC)
     if period == "month":
-        nxt = datetime(day.year + (day.month == 12), day.month % 12 + 1, 1, tzinfo=timezone.utc)
+        nxt = datetime(day.year + (day.month == 12), day.month % 12 + 1, 1, tzinfo=UTC)
         return day.strftime("%Y-%m"), nxt.timestamp() - now
-    midnight = datetime(day.year, day.month, day.day, tzinfo=timezone.utc).timestamp() + 86400
+    midnight = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp() + 86400
     return day.strftime("%Y-%m-%d"), midnight - now
 
 
@@ -98,7 +98,14 @@ def _incr(key: str, amount: int, ttl: int) -> int:
 
 def _too_many(message: str, retry_after: float, code: str, headers: dict[str, str]) -> GatewayError:
     wait = max(1, int(retry_after + 0.999))
-    return GatewayError(429, message, "rate_limit_exceeded" if code != "insufficient_quota" else "insufficient_quota", code, None, {"Retry-After": str(wait), **headers})
+    return GatewayError(
+        429,
+        message,
+        "rate_limit_exceeded" if code != "insufficient_quota" else "insufficient_quota",
+        code,
+        None,
+        {"Retry-After": str(wait), **headers},
+    )
 
 
 class RateLimiter:
@@ -147,7 +154,9 @@ class RateLimiter:
                     f"Rate limit reached: {lim.requests_per_minute} requests per minute. Try again in {reset:.0f}s.",
                     reset,
                     "rate_limit_exceeded",
-                    RateState(lim.requests_per_minute, 0, reset, lim.tokens_per_minute, state_tokens, reset, counted).headers(),
+                    RateState(
+                        lim.requests_per_minute, 0, reset, lim.tokens_per_minute, state_tokens, reset, counted
+                    ).headers(),
                 )
         if lim.concurrent_streams:
             streams = _incr(f"rt:streams:{self.bucket}", 1, STREAM_SLOT_TTL)
@@ -156,9 +165,14 @@ class RateLimiter:
             if streams > lim.concurrent_streams:
                 self.release()
                 raise _too_many(
-                    f"Too many concurrent requests: at most {lim.concurrent_streams} at a time.", 1, "concurrency_limit_exceeded", {}
+                    f"Too many concurrent requests: at most {lim.concurrent_streams} at a time.",
+                    1,
+                    "concurrency_limit_exceeded",
+                    {},
                 )
-        return RateState(lim.requests_per_minute, remaining_requests, reset, lim.tokens_per_minute, state_tokens, reset, counted)
+        return RateState(
+            lim.requests_per_minute, remaining_requests, reset, lim.tokens_per_minute, state_tokens, reset, counted
+        )
 
     def release(self) -> None:
         """Give back the concurrency slot taken by `admit` (idempotent)."""

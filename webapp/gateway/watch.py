@@ -52,8 +52,15 @@ class WatchObserver:
             return
         self._watched.add(turn.request_id)
         ctx = turn.ctx
-        await publish({"type": "request", "request_id": turn.request_id, "source": ctx.identity.label if ctx.identity else "",
-                       "model": ctx.route.id if ctx.route else "", "endpoint": ctx.endpoint})
+        await publish(
+            {
+                "type": "request",
+                "request_id": turn.request_id,
+                "source": ctx.identity.label if ctx.identity else "",
+                "model": ctx.route.id if ctx.route else "",
+                "endpoint": ctx.endpoint,
+            }
+        )
         await publish({"type": "gateway", "request_id": turn.request_id, **turn.gateway_report()})
 
     async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None:

@@ -36,7 +36,9 @@ class ApiKey(models.Model):
     BUDGET_PERIODS = [("day", "per day"), ("month", "per month")]
 
     name = models.CharField(max_length=100)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys"
+    )
     prefix = models.CharField(max_length=16, editable=False, db_index=True)
     hashed_key = models.CharField(max_length=64, unique=True, editable=False)
     is_active = models.BooleanField(default=True, help_text="Unticked: revoked; every request with it gets 401.")

@@ -12,31 +12,141 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 MODEL = ["model_name"]
-_LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
-_ITL = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
-_REQUEST = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
+_LATENCY = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+_ITL = (
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_REQUEST = (
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+)
 
 # --- the engine (vLLM's names) -------------------------------------------------------------------
 num_requests_running = Gauge("vllm:num_requests_running", "Requests in the running batch.", MODEL)
 num_requests_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a slot in the batch.", MODEL)
-kv_cache_usage_perc = Gauge("vllm:kv_cache_usage_perc", "KV cache allocated for running requests, as a fraction of the budget (1 = full).", MODEL)
+kv_cache_usage_perc = Gauge(
+    "vllm:kv_cache_usage_perc",
+    "KV cache allocated for running requests, as a fraction of the budget (1 = full).",
+    MODEL,
+)
 prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of admitted requests.", MODEL)
 generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", MODEL)
-request_success = Counter("vllm:request_success", "Requests that left the engine, by why they ended.", MODEL + ["finished_reason"])
+request_success = Counter(
+    "vllm:request_success", "Requests that left the engine, by why they ended.", MODEL + ["finished_reason"]
+)
 prefix_cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", MODEL)
 prefix_cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", MODEL)
-prefix_cache_bytes = Gauge("roundtrip_prefix_cache_bytes", "Keys and values the prefix cache holds (up to ROUNDTRIP_PREFIX_CACHE_BYTES).", MODEL)
-time_to_first_token = Histogram("vllm:time_to_first_token_seconds", "From arrival at the worker to the first token.", MODEL, buckets=_LATENCY)
-inter_token_latency = Histogram("vllm:inter_token_latency_seconds", "Between consecutive tokens of a request.", MODEL, buckets=_ITL)
-e2e_request_latency = Histogram("vllm:e2e_request_latency_seconds", "From arrival at the worker to the last token.", MODEL, buckets=_REQUEST)
-request_queue_time = Histogram("vllm:request_queue_time_seconds", "Waiting for a slot in the batch.", MODEL, buckets=_REQUEST)
-request_prefill_time = Histogram("vllm:request_prefill_time_seconds", "From the first prompt chunk's forward to the last one's end.", MODEL, buckets=_REQUEST)
-request_decode_time = Histogram("vllm:request_decode_time_seconds", "From the first token to the last.", MODEL, buckets=_REQUEST)
+prefix_cache_bytes = Gauge(
+    "roundtrip_prefix_cache_bytes",
+    "Keys and values the prefix cache holds (up to ROUNDTRIP_PREFIX_CACHE_BYTES).",
+    MODEL,
+)
+time_to_first_token = Histogram(
+    "vllm:time_to_first_token_seconds", "From arrival at the worker to the first token.", MODEL, buckets=_LATENCY
+)
+inter_token_latency = Histogram(
+    "vllm:inter_token_latency_seconds", "Between consecutive tokens of a request.", MODEL, buckets=_ITL
+)
+e2e_request_latency = Histogram(
+    "vllm:e2e_request_latency_seconds", "From arrival at the worker to the last token.", MODEL, buckets=_REQUEST
+)
+request_queue_time = Histogram(
+    "vllm:request_queue_time_seconds", "Waiting for a slot in the batch.", MODEL, buckets=_REQUEST
+)
+request_prefill_time = Histogram(
+    "vllm:request_prefill_time_seconds",
+    "From the first prompt chunk's forward to the last one's end.",
+    MODEL,
+    buckets=_REQUEST,
+)
+request_decode_time = Histogram(
+    "vllm:request_decode_time_seconds", "From the first token to the last.", MODEL, buckets=_REQUEST
+)
 
 # --- Roundtrip's own -----------------------------------------------------------------------------
-batch_size = Histogram("roundtrip_batch_size", "Sequences in one batched forward.", MODEL, buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))
-step_seconds = Histogram("roundtrip_step_seconds", "One engine step: the batched forward, sampling every row and the scheduler's bookkeeping (not the delivery of its tokens).", MODEL, buckets=_ITL)
-step_delivery_seconds = Histogram("roundtrip_step_delivery_seconds", "After an engine step: its tokens serialized and sent on by the web side (the scheduler's deferred bookkeeping runs meanwhile). The engine waits for it, so it is part of every stream's gap between tokens.", MODEL, buckets=_ITL)
-gateway_requests = Counter("roundtrip_gateway_requests", "Requests the gateway answered, by endpoint and HTTP status.", ["endpoint", "status"])
-gateway_refused = Counter("roundtrip_gateway_refused", "Requests refused or failed, by reason (the error code).", ["endpoint", "reason"])
-workers_alive = Gauge("roundtrip_workers_alive", "Inference workers with a fresh heartbeat, as this web process sees them.")
+batch_size = Histogram(
+    "roundtrip_batch_size", "Sequences in one batched forward.", MODEL, buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+)
+step_seconds = Histogram(
+    "roundtrip_step_seconds",
+    "One engine step: the batched forward, sampling every row and the scheduler's bookkeeping (not the delivery of its tokens).",
+    MODEL,
+    buckets=_ITL,
+)
+step_delivery_seconds = Histogram(
+    "roundtrip_step_delivery_seconds",
+    "After an engine step: its tokens serialized and sent on by the web side (the scheduler's deferred bookkeeping runs meanwhile). The engine waits for it, so it is part of every stream's gap between tokens.",
+    MODEL,
+    buckets=_ITL,
+)
+gateway_requests = Counter(
+    "roundtrip_gateway_requests", "Requests the gateway answered, by endpoint and HTTP status.", ["endpoint", "status"]
+)
+gateway_refused = Counter(
+    "roundtrip_gateway_refused", "Requests refused or failed, by reason (the error code).", ["endpoint", "reason"]
+)
+workers_alive = Gauge(
+    "roundtrip_workers_alive", "Inference workers with a fresh heartbeat, as this web process sees them."
+)

@@ -12,8 +12,24 @@ from webapp.worker import registry
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    if not allowed(request.headers.get("Authorization"), request.META.get("REMOTE_ADDR"), settings.ROUNDTRIP_METRICS_TOKEN):
-        why = "a valid bearer token" if settings.ROUNDTRIP_METRICS_TOKEN else "a loopback address (set ROUNDTRIP_METRICS_TOKEN to allow others)"
-        return JsonResponse({"error": {"message": f"Metrics need {why}.", "type": "invalid_request_error", "param": None, "code": "forbidden"}}, status=403)
+    if not allowed(
+        request.headers.get("Authorization"), request.META.get("REMOTE_ADDR"), settings.ROUNDTRIP_METRICS_TOKEN
+    ):
+        why = (
+            "a valid bearer token"
+            if settings.ROUNDTRIP_METRICS_TOKEN
+            else "a loopback address (set ROUNDTRIP_METRICS_TOKEN to allow others)"
+        )
+        return JsonResponse(
+            {
+                "error": {
+                    "message": f"Metrics need {why}.",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "forbidden",
+                }
+            },
+            status=403,
+        )
     metrics.workers_alive.set(len(registry.live_workers()))
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -8,7 +8,22 @@ from webapp.usage.models import UsageRecord
 class UsageRecordAdmin(admin.ModelAdmin):
     """Read-only: usage records are evidence, not something to edit."""
 
-    list_display = ["created_at", "request_id", "api_key", "user", "end_user", "endpoint", "model", "status", "finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "total_ms", "client_ip"]
+    list_display = [
+        "created_at",
+        "request_id",
+        "api_key",
+        "user",
+        "end_user",
+        "endpoint",
+        "model",
+        "status",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "ttft_ms",
+        "total_ms",
+        "client_ip",
+    ]
     list_filter = ["status", "finish_reason", "model", "stream", "api_key"]
     search_fields = ["request_id", "end_user", "api_key__name", "api_key__prefix"]
     date_hierarchy = "created_at"

@@ -46,7 +46,9 @@ class GenerateRequest(TypedDict):
     model: str
     request_id: str
     reply_to: str
-    messages: list[dict[str, Any]]  # {"role", "content"} (+ "tool_calls", "tool_call_id", "name"), checked by the gateway's parser
+    messages: list[
+        dict[str, Any]
+    ]  # {"role", "content"} (+ "tool_calls", "tool_call_id", "name"), checked by the gateway's parser
     tools: NotRequired[list[dict[str, Any]]]  # function definitions {"name", "description", "parameters"}
     prompt: NotRequired[str]  # instead of messages: raw text without the chat template (legacy completions)
     params: SamplingDict
@@ -217,7 +219,18 @@ class ResampledReply(TypedDict):
     event: dict[str, Any]  # a "sampled" trace event, as the page draws a live one
 
 
-Reply = Queued | Waiting | Accepted | EventsReply | ErrorReply | CancelledReply | TokensReply | InspectionReply | ResampledReply | PromptAttentionReply
+Reply = (
+    Queued
+    | Waiting
+    | Accepted
+    | EventsReply
+    | ErrorReply
+    | CancelledReply
+    | TokensReply
+    | InspectionReply
+    | ResampledReply
+    | PromptAttentionReply
+)
 
 
 # --- what a worker reports about itself -------------------------------------------------------
@@ -266,7 +279,9 @@ def params_to_dict(params: SamplingParams) -> SamplingDict:
     for name in PARAM_FIELDS:
         value = getattr(params, name)
         if value is not None:
-            out[name] = [list(pair) for pair in value] if name == "logit_bias" else list(value) if name == "stop" else value
+            out[name] = (
+                [list(pair) for pair in value] if name == "logit_bias" else list(value) if name == "stop" else value
+            )
     return out  # type: ignore[return-value]
 
 
@@ -280,15 +295,43 @@ def params_from_dict(values: SamplingDict) -> SamplingParams:
 
 
 def overloaded(request_id: str, waiting: int, retry_after: int = 2) -> ErrorReply:
-    return {"type": "error", "request_id": request_id, "status": 503, "code": "overloaded", "param": None, "retry_after": retry_after,
-            "ahead": waiting, "message": f"Server busy: {waiting} requests are ahead of you. Retry in {retry_after} s."}
+    return {
+        "type": "error",
+        "request_id": request_id,
+        "status": 503,
+        "code": "overloaded",
+        "param": None,
+        "retry_after": retry_after,
+        "ahead": waiting,
+        "message": f"Server busy: {waiting} requests are ahead of you. Retry in {retry_after} s.",
+    }
 
 
 def error_reply(request_id: str, exc: Exception) -> ErrorReply:
     """An inference-side failure as a reply the gateway turns into an OpenAI-style error."""
     if isinstance(exc, ContextLengthExceededError):
-        return {"type": "error", "request_id": request_id, "status": 400, "message": str(exc), "code": "context_length_exceeded", "param": "messages"}
+        return {
+            "type": "error",
+            "request_id": request_id,
+            "status": 400,
+            "message": str(exc),
+            "code": "context_length_exceeded",
+            "param": "messages",
+        }
     if isinstance(exc, InvalidRequestError):
-        return {"type": "error", "request_id": request_id, "status": 400, "message": str(exc), "code": "invalid_value", "param": exc.param}
-    return {"type": "error", "request_id": request_id, "status": 500, "message": f"The model failed ({type(exc).__name__}); the worker logged the details.",
-            "code": "server_error", "param": None}
+        return {
+            "type": "error",
+            "request_id": request_id,
+            "status": 400,
+            "message": str(exc),
+            "code": "invalid_value",
+            "param": exc.param,
+        }
+    return {
+        "type": "error",
+        "request_id": request_id,
+        "status": 500,
+        "message": f"The model failed ({type(exc).__name__}); the worker logged the details.",
+        "code": "server_error",
+        "param": None,
+    }

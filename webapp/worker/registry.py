@@ -76,5 +76,8 @@ def model_load(model_id: str) -> ModelLoad:
     """The latest load progress a worker published for `model_id`, and whether a live worker holds it."""
     load: ModelLoad = cache.get(_LOAD.format(model_id)) or ModelLoad(state="not started")
     if load["state"] == "ready" and not live_workers(model_id):
-        return {"state": "unavailable", "detail": f"no inference worker holding {model_id} has reported in the last {HEARTBEAT_TTL} s"}
+        return {
+            "state": "unavailable",
+            "detail": f"no inference worker holding {model_id} has reported in the last {HEARTBEAT_TTL} s",
+        }
     return load

@@ -16,9 +16,10 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, cast
+from typing import Any, cast
 
 from inference.chat_template import Message
 from inference.errors import InvalidRequestError
@@ -133,7 +134,9 @@ class EngineRunner:
 
     def submit(self, model_id: str, message: GenerateRequest) -> None:
         """Take a generate request: 503 at once when the queue is full, else "queued" and off to be tokenized."""
-        job = Job(model_id, message, time.perf_counter() - max(0.0, time.time() - float(message.get("sent_at", time.time()))))
+        job = Job(
+            model_id, message, time.perf_counter() - max(0.0, time.time() - float(message.get("sent_at", time.time())))
+        )
         served = self.models[model_id]
         with self._lock:
             slots = served.slots
@@ -144,7 +147,16 @@ class EngineRunner:
                 return
             served.pending += 1
             self._jobs[job.request_id] = job
-        self._emit(job.reply_to, {"type": "queued", "request_id": job.request_id, "control": self._control, "worker": self.worker_id, "ahead": ahead})
+        self._emit(
+            job.reply_to,
+            {
+                "type": "queued",
+                "request_id": job.request_id,
+                "control": self._control,
+                "worker": self.worker_id,
+                "ahead": ahead,
+            },
+        )
         self._prepare.submit(self._prepare_job, served, job)
 
     def tokenize(self, model_id: str, message: TokenizeRequest) -> None:
@@ -157,13 +169,24 @@ class EngineRunner:
             try:
                 if "messages" in message:
                     prompt = pipeline.loaded.chat_template.render(message["messages"], tools=message.get("tools"))  # type: ignore[arg-type]
-                    reply: TokensReply = {"type": "tokens", "request_id": message["request_id"], "ids": prompt.ids, "tokens": prompt.tokens,
-                                          "spans": [list(s) for s in prompt.spans], "text": prompt.text,
-                                          "segments": [dataclasses.asdict(segment) for segment in prompt.segments]}
+                    reply: TokensReply = {
+                        "type": "tokens",
+                        "request_id": message["request_id"],
+                        "ids": prompt.ids,
+                        "tokens": prompt.tokens,
+                        "spans": [list(s) for s in prompt.spans],
+                        "text": prompt.text,
+                        "segments": [dataclasses.asdict(segment) for segment in prompt.segments],
+                    }
                 else:
                     enc = tokenizer.encode(str(message.get("text", "")))
-                    reply = {"type": "tokens", "request_id": message["request_id"], "ids": enc.ids, "tokens": enc.tokens,
-                             "spans": [list(s) for s in enc.spans]}
+                    reply = {
+                        "type": "tokens",
+                        "request_id": message["request_id"],
+                        "ids": enc.ids,
+                        "tokens": enc.tokens,
+                        "spans": [list(s) for s in enc.spans],
+                    }
             except Exception as exc:  # a template the messages do not fit: the client's error, in its words
                 self._emit(message["reply_to"], error_reply(message["request_id"], exc))
                 return
@@ -178,7 +201,10 @@ class EngineRunner:
             bad = InvalidRequestError(f"'tokens' must be token ids below {tokenizer.vocab_size}", "tokens")
             self._emit(message["reply_to"], error_reply(message["request_id"], bad))
             return
-        self._emit(message["reply_to"], {"type": "text", "request_id": message["request_id"], "text": tokenizer.decode(ids, control_text=True)})
+        self._emit(
+            message["reply_to"],
+            {"type": "text", "request_id": message["request_id"], "text": tokenizer.decode(ids, control_text=True)},
+        )
 
     def inspect(self, model_id: str, message: InspectRequest) -> None:
         self._commands.put(("inspect", (model_id, message)))
@@ -215,13 +241,19 @@ class EngineRunner:
             job.level = TraceLevel(msg.get("level", "off"))
             if msg.get("step") and job.level == TraceLevel.OFF:
                 job.level = TraceLevel.SUMMARY  # step mode shows every token, which only traced levels send
-            requests = served.pipeline.sequence_requests(prepared, job.request_id, int(msg.get("n", 1)), job.level, bool(msg.get("step")))
+            requests = served.pipeline.sequence_requests(
+                prepared, job.request_id, int(msg.get("n", 1)), job.level, bool(msg.get("step"))
+            )
         except Exception as exc:  # every failure becomes an error reply, never a dead worker
             with self._lock:
                 served.pending -= 1
             self._finish(job, error_reply(job.request_id, exc))
             return
-        tokenized = event_to_dict(served.pipeline.tokenized(prepared), served.pipeline.loaded.tokenizer) if job.level != TraceLevel.OFF else None
+        tokenized = (
+            event_to_dict(served.pipeline.tokenized(prepared), served.pipeline.loaded.tokenizer)
+            if job.level != TraceLevel.OFF
+            else None
+        )
         self._commands.put(("add", (served, job, requests, tokenized)))
 
     # --- the engine thread -------------------------------------------------------------------
@@ -238,7 +270,13 @@ class EngineRunner:
                 log.exception("model %s failed to load", model_id)
                 self.failures[model_id] = str(exc)
             else:
-                slots: ModelSlots = {"running": 0, "waiting": 0, "max_batch": self.config.max_batch, "max_waiting": self.config.max_waiting, "kv_usage": 0.0}
+                slots: ModelSlots = {
+                    "running": 0,
+                    "waiting": 0,
+                    "max_batch": self.config.max_batch,
+                    "max_waiting": self.config.max_waiting,
+                    "kv_usage": 0.0,
+                }
                 self.models[model_id] = Served(pipeline, scheduler, slots)
             self._on_ready(model_id)
         # Everything loaded so far (Django, torch, the models' Python objects) lives as long as the process: moved out
@@ -334,12 +372,24 @@ class EngineRunner:
         except (QueueFullError, KVBudgetExceededError) as exc:
             for sequence in job.running:
                 served.scheduler.abort(sequence)
-            self._finish(job, overloaded(job.request_id, exc.waiting) if isinstance(exc, QueueFullError) else error_reply(job.request_id, exc))
+            self._finish(
+                job,
+                overloaded(job.request_id, exc.waiting)
+                if isinstance(exc, QueueFullError)
+                else error_reply(job.request_id, exc),
+            )
             return
         job.in_scheduler = True
-        accepted: Accepted = {"type": "accepted", "request_id": job.request_id, "control": self._control, "worker": self.worker_id,
-                              "weights": served.pipeline.loaded.weights_description, "prompt_tokens": len(request.prompt_ids), "seed": request.params.seed or 0,
-                              "queued": time.perf_counter() - job.received_at}
+        accepted: Accepted = {
+            "type": "accepted",
+            "request_id": job.request_id,
+            "control": self._control,
+            "worker": self.worker_id,
+            "weights": served.pipeline.loaded.weights_description,
+            "prompt_tokens": len(request.prompt_ids),
+            "seed": request.params.seed or 0,
+            "queued": time.perf_counter() - job.received_at,
+        }
         self._emit(job.reply_to, accepted)
         if tokenized is not None:
             self._emit(job.reply_to, {"type": "events", "request_id": job.request_id, "events": [tokenized]})
@@ -368,7 +418,10 @@ class EngineRunner:
 
         def answer() -> dict[str, Any]:
             detail = served.scheduler.inspect(self._checked_ids(served, message.get("ids"), "ids"))
-            return {"type": "inspection", "detail": detail_to_dict(detail, served.pipeline.loaded.tokenizer, INSPECT_BUDGET_POSITIONS)}
+            return {
+                "type": "inspection",
+                "detail": detail_to_dict(detail, served.pipeline.loaded.tokenizer, INSPECT_BUDGET_POSITIONS),
+            }
 
         self._reply(message, answer)
 
@@ -383,7 +436,10 @@ class EngineRunner:
             if not isinstance(layer, int) or isinstance(layer, bool):
                 raise InvalidRequestError("'layer' must be a layer number", "layer")
             weights = served.scheduler.prompt_attention(ids, layer)
-            return {"type": "prompt_attention", "attention": attention_to_dict(weights.numpy(), PROMPT_MATRIX_POSITIONS)}
+            return {
+                "type": "prompt_attention",
+                "attention": attention_to_dict(weights.numpy(), PROMPT_MATRIX_POSITIONS),
+            }
 
         self._reply(message, answer)
 
@@ -396,8 +452,17 @@ class EngineRunner:
             prompt = self._checked_ids(served, message.get("prompt_ids"), "prompt_ids")
             generated = self._checked_ids(served, message.get("generated"), "generated", at_least=0, before=len(prompt))
             sample = served.scheduler.resample(prompt, generated, params_from_dict(message["params"]))
-            event = Sampled(time.perf_counter(), len(generated) + 1, sample.token_id, sample.logprob, sample.rank,
-                            sample.token_id in served.scheduler.stop_ids, 0.0, sample.top_logprobs, sample.detail)
+            event = Sampled(
+                time.perf_counter(),
+                len(generated) + 1,
+                sample.token_id,
+                sample.logprob,
+                sample.rank,
+                sample.token_id in served.scheduler.stop_ids,
+                0.0,
+                sample.top_logprobs,
+                sample.detail,
+            )
             return {"type": "resampled", "event": event_to_dict(event, served.pipeline.loaded.tokenizer)}
 
         self._reply(message, answer)
@@ -422,7 +487,9 @@ class EngineRunner:
             or not at_least <= len(ids) <= room
             or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size for i in ids)
         ):
-            raise InvalidRequestError(f"'{name}' must be {at_least} to {room} token ids below {config.vocab_size}", name)
+            raise InvalidRequestError(
+                f"'{name}' must be {at_least} to {room} token ids below {config.vocab_size}", name
+            )
         return ids
 
     def _deliver(self, model_id: str, served: Served, outputs: list[SequenceOutput]) -> None:
@@ -441,7 +508,15 @@ class EngineRunner:
     def _send_events(self, model_id: str, job: Job, output: SequenceOutput, tokenizer: BPETokenizer) -> None:
         events = [event_to_dict(event, tokenizer) for event in output.events]
         if events:
-            self._emit(job.reply_to, {"type": "events", "request_id": job.request_id, "index": job.choices.get(output.request_id, 0), "events": events})
+            self._emit(
+                job.reply_to,
+                {
+                    "type": "events",
+                    "request_id": job.request_id,
+                    "index": job.choices.get(output.request_id, 0),
+                    "events": events,
+                },
+            )
         for data in events:
             if data["event"] == "sampled" and job.message.get("step"):
                 job.paused_since = time.perf_counter()
@@ -471,8 +546,13 @@ class EngineRunner:
         """Refresh what the heartbeat and the metrics say, and tell waiting pages their place in the queue."""
         scheduler = served.scheduler
         stats = scheduler.stats()
-        served.slots = {"running": stats.running, "waiting": stats.waiting, "max_batch": self.config.max_batch,
-                        "max_waiting": self.config.max_waiting, "kv_usage": stats.kv_usage}
+        served.slots = {
+            "running": stats.running,
+            "waiting": stats.waiting,
+            "max_batch": self.config.max_batch,
+            "max_waiting": self.config.max_waiting,
+            "kv_usage": stats.kv_usage,
+        }
         metrics.num_requests_running.labels(model_id).set(stats.running)
         metrics.num_requests_waiting.labels(model_id).set(stats.waiting + served.pending)
         metrics.kv_cache_usage_perc.labels(model_id).set(stats.kv_usage)
@@ -483,7 +563,12 @@ class EngineRunner:
         served.prefix_seen = (stats.prefix_queried_tokens, stats.prefix_hit_tokens)
         for position, state in enumerate(scheduler.waiting):
             job = self._jobs.get(state.request_id)
-            if job is not None and state.request_id == job.request_id and job.level != TraceLevel.OFF and job.ahead != position:
+            if (
+                job is not None
+                and state.request_id == job.request_id
+                and job.level != TraceLevel.OFF
+                and job.ahead != position
+            ):
                 job.ahead = position
                 self._emit(job.reply_to, {"type": "waiting", "request_id": job.request_id, "ahead": position})
 

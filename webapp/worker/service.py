@@ -18,7 +18,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.exceptions import ChannelFull
@@ -52,7 +53,9 @@ def scheduler_config() -> SchedulerConfig:
 def _publisher(model_id: str, terminal: ProgressCallback | None) -> ProgressCallback:
     def publish(p: LoadProgress) -> None:
         state = "ready" if p.stage == "building" and p.fraction == 1.0 else "loading"
-        registry.publish_load(model_id, {"state": state, "stage": p.stage, "done": p.done, "total": p.total, "detail": p.detail})
+        registry.publish_load(
+            model_id, {"state": state, "stage": p.stage, "done": p.done, "total": p.total, "detail": p.detail}
+        )
         if terminal is not None:
             terminal(p)
 
@@ -143,9 +146,26 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
             except Exception as exc:
                 registry.publish_load(route.id, {"state": "failed", "detail": str(exc)})
                 raise
-            log.info("model %s ready: %s on %s (%s) in %.2fs", route.id, loaded.path, loaded.device, loaded.weights_description, loaded.load_seconds)
-            registry.publish_load(route.id, {"state": "ready", "stage": "building", "done": 2, "total": 2, "detail": "ready",
-                                             "weights": loaded.weights_description, "device": str(loaded.device)})
+            log.info(
+                "model %s ready: %s on %s (%s) in %.2fs",
+                route.id,
+                loaded.path,
+                loaded.device,
+                loaded.weights_description,
+                loaded.load_seconds,
+            )
+            registry.publish_load(
+                route.id,
+                {
+                    "state": "ready",
+                    "stage": "building",
+                    "done": 2,
+                    "total": 2,
+                    "detail": "ready",
+                    "weights": loaded.weights_description,
+                    "device": str(loaded.device),
+                },
+            )
             return loaded
 
         return load
@@ -153,8 +173,16 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     def on_ready(model_id: str) -> None:
         loop.call_soon_threadsafe(ready[model_id].set)
 
-    runner = EngineRunner({route.id: loader(route) for route in routes}, on_ready, outbox.emit, inbox, scheduler_config(), worker_id,
-                          outbox.settle, outbox.hold)
+    runner = EngineRunner(
+        {route.id: loader(route) for route in routes},
+        on_ready,
+        outbox.emit,
+        inbox,
+        scheduler_config(),
+        worker_id,
+        outbox.settle,
+        outbox.hold,
+    )
     outbox.runner = runner
     tasks = [
         asyncio.create_task(outbox.run()),
@@ -174,8 +202,14 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
 async def _heartbeat(worker_id: str, inbox: str, runner: EngineRunner) -> None:
     """Tell the web side, every second, that this worker is alive and what it holds (from its first second)."""
     while True:
-        status: WorkerStatus = {"worker": worker_id, "channel": inbox, "host": socket.gethostname(), "pid": os.getpid(),
-                                "t": time.time(), "models": runner.slots()}
+        status: WorkerStatus = {
+            "worker": worker_id,
+            "channel": inbox,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "t": time.time(),
+            "models": runner.slots(),
+        }
         try:
             await sync_to_async(registry.beat, thread_sensitive=False)(status)
         except Exception:  # the cache is down: keep trying, the web side will call this worker dead meanwhile
@@ -197,7 +231,9 @@ async def _messages(layer: BaseChannelLayer, channel: str) -> AsyncIterator[dict
         yield message
 
 
-async def _consume(layer: BaseChannelLayer, channel: str, model_id: str | None, runner: EngineRunner, ready: dict[str, asyncio.Event]) -> None:
+async def _consume(
+    layer: BaseChannelLayer, channel: str, model_id: str | None, runner: EngineRunner, ready: dict[str, asyncio.Event]
+) -> None:
     """Work for a model waits in its shared channel until the model is loaded; the worker's inbox takes any of its models."""
     if model_id is not None:
         await ready[model_id].wait()
@@ -212,12 +248,16 @@ async def _consume(layer: BaseChannelLayer, channel: str, model_id: str | None, 
         await _dispatch(layer, message, target, runner, target in ready)
 
 
-async def _dispatch_when_ready(layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, ready: asyncio.Event) -> None:
+async def _dispatch_when_ready(
+    layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, ready: asyncio.Event
+) -> None:
     await ready.wait()
     await _dispatch(layer, message, model_id, runner, True)
 
 
-async def _dispatch(layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool) -> None:
+async def _dispatch(
+    layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool
+) -> None:
     """Hand one message to the runner; a malformed one is logged, never fatal."""
     try:
         await _route(layer, message, model_id, runner, held)
@@ -225,7 +265,9 @@ async def _dispatch(layer: BaseChannelLayer, message: dict[str, Any], model_id: 
         log.exception("bad message for %s", model_id)
 
 
-async def _route(layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool) -> None:
+async def _route(
+    layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool
+) -> None:
     kind = message.get("type")
     if kind == "cancel":
         runner.cancel(str(message.get("request_id", "")))
@@ -234,13 +276,31 @@ async def _route(layer: BaseChannelLayer, message: dict[str, Any], model_id: str
         runner.next_token(str(message.get("request_id", "")))
         return
     if not held:
-        await layer.send(message["reply_to"], {"type": "error", "request_id": message.get("request_id"), "status": 404,
-                                               "code": "model_not_found", "message": f"This worker does not hold {model_id!r}.", "param": "model"})
+        await layer.send(
+            message["reply_to"],
+            {
+                "type": "error",
+                "request_id": message.get("request_id"),
+                "status": 404,
+                "code": "model_not_found",
+                "message": f"This worker does not hold {model_id!r}.",
+                "param": "model",
+            },
+        )
         return
     if model_id in runner.failures:
         reason = f"The model {model_id!r} could not be loaded: {runner.failures[model_id]}"
-        await layer.send(message["reply_to"], {"type": "error", "request_id": message.get("request_id"), "status": 503,
-                                               "code": "model_unavailable", "message": reason, "param": None})
+        await layer.send(
+            message["reply_to"],
+            {
+                "type": "error",
+                "request_id": message.get("request_id"),
+                "status": 503,
+                "code": "model_unavailable",
+                "message": reason,
+                "param": None,
+            },
+        )
     elif kind == "generate":
         runner.submit(model_id, message)  # type: ignore[arg-type]
     elif kind == "tokenize":

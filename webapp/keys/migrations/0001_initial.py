@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,28 +14,49 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('prefix', models.CharField(db_index=True, editable=False, max_length=16)),
-                ('hashed_key', models.CharField(editable=False, max_length=64, unique=True)),
-                ('is_active', models.BooleanField(default=True, help_text='Unticked: revoked; every request with it gets 401.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('allowed_models', models.JSONField(blank=True, default=list, help_text='Model ids this key may use; empty: all.')),
-                ('requests_per_minute', models.PositiveIntegerField(default=60, help_text='0: unlimited')),
-                ('tokens_per_minute', models.PositiveIntegerField(default=100000, help_text='0: unlimited')),
-                ('concurrent_streams', models.PositiveIntegerField(default=4, help_text='0: unlimited')),
-                ('token_budget', models.PositiveIntegerField(default=0, help_text='Tokens per budget period; 0: unlimited')),
-                ('budget_period', models.CharField(choices=[('day', 'per day'), ('month', 'per month')], default='day', max_length=5)),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100)),
+                ("prefix", models.CharField(db_index=True, editable=False, max_length=16)),
+                ("hashed_key", models.CharField(editable=False, max_length=64, unique=True)),
+                (
+                    "is_active",
+                    models.BooleanField(default=True, help_text="Unticked: revoked; every request with it gets 401."),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "allowed_models",
+                    models.JSONField(blank=True, default=list, help_text="Model ids this key may use; empty: all."),
+                ),
+                ("requests_per_minute", models.PositiveIntegerField(default=60, help_text="0: unlimited")),
+                ("tokens_per_minute", models.PositiveIntegerField(default=100000, help_text="0: unlimited")),
+                ("concurrent_streams", models.PositiveIntegerField(default=4, help_text="0: unlimited")),
+                (
+                    "token_budget",
+                    models.PositiveIntegerField(default=0, help_text="Tokens per budget period; 0: unlimited"),
+                ),
+                (
+                    "budget_period",
+                    models.CharField(choices=[("day", "per day"), ("month", "per month")], default="day", max_length=5),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_keys",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API key',
-                'ordering': ['-created_at'],
+                "verbose_name": "API key",
+                "ordering": ["-created_at"],
             },
         ),
     ]

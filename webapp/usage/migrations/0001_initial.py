@@ -6,39 +6,60 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('keys', '0001_initial'),
+        ("keys", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='UsageRecord',
+            name="UsageRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('request_id', models.CharField(db_index=True, max_length=64)),
-                ('session_key', models.CharField(blank=True, max_length=40)),
-                ('endpoint', models.CharField(max_length=64)),
-                ('model', models.CharField(blank=True, max_length=100)),
-                ('stream', models.BooleanField(default=False)),
-                ('status', models.PositiveSmallIntegerField()),
-                ('error_code', models.CharField(blank=True, max_length=64)),
-                ('finish_reason', models.CharField(blank=True, help_text='stop, length, cancelled (client left) or error', max_length=32)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('ttft_ms', models.FloatField(blank=True, null=True)),
-                ('total_ms', models.FloatField(blank=True, null=True)),
-                ('client_ip', models.GenericIPAddressField(blank=True, null=True)),
-                ('prompt_text', models.TextField(blank=True, help_text='Only kept when ROUNDTRIP_STORE_PROMPTS is on.')),
-                ('api_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_records', to='keys.apikey')),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("request_id", models.CharField(db_index=True, max_length=64)),
+                ("session_key", models.CharField(blank=True, max_length=40)),
+                ("endpoint", models.CharField(max_length=64)),
+                ("model", models.CharField(blank=True, max_length=100)),
+                ("stream", models.BooleanField(default=False)),
+                ("status", models.PositiveSmallIntegerField()),
+                ("error_code", models.CharField(blank=True, max_length=64)),
+                (
+                    "finish_reason",
+                    models.CharField(
+                        blank=True, help_text="stop, length, cancelled (client left) or error", max_length=32
+                    ),
+                ),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                ("ttft_ms", models.FloatField(blank=True, null=True)),
+                ("total_ms", models.FloatField(blank=True, null=True)),
+                ("client_ip", models.GenericIPAddressField(blank=True, null=True)),
+                (
+                    "prompt_text",
+                    models.TextField(blank=True, help_text="Only kept when ROUNDTRIP_STORE_PROMPTS is on."),
+                ),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="usage_records",
+                        to="keys.apikey",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
     ]

@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('usage', '0001_initial'),
+        ("usage", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='usagerecord',
-            name='cached_tokens',
-            field=models.PositiveIntegerField(default=0, help_text='Prompt tokens whose keys and values came from the prefix cache.'),
+            model_name="usagerecord",
+            name="cached_tokens",
+            field=models.PositiveIntegerField(
+                default=0, help_text="Prompt tokens whose keys and values came from the prefix cache."
+            ),
         ),
         migrations.AddField(
-            model_name='usagerecord',
-            name='worker',
-            field=models.CharField(blank=True, help_text='The inference worker that served the request.', max_length=100),
+            model_name="usagerecord",
+            name="worker",
+            field=models.CharField(
+                blank=True, help_text="The inference worker that served the request.", max_length=100
+            ),
         ),
     ]

@@ -4,20 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('usage', '0002_cached_tokens_and_worker'),
+        ("usage", "0002_cached_tokens_and_worker"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='usagerecord',
-            name='end_user',
-            field=models.CharField(blank=True, help_text="The client's own id for its end user (the request's `user` field).", max_length=256),
+            model_name="usagerecord",
+            name="end_user",
+            field=models.CharField(
+                blank=True,
+                help_text="The client's own id for its end user (the request's `user` field).",
+                max_length=256,
+            ),
         ),
         migrations.AlterField(
-            model_name='usagerecord',
-            name='finish_reason',
-            field=models.CharField(blank=True, help_text='stop, length, tool_calls, cancelled (client left) or error', max_length=32),
+            model_name="usagerecord",
+            name="finish_reason",
+            field=models.CharField(
+                blank=True, help_text="stop, length, tool_calls, cancelled (client left) or error", max_length=32
+            ),
         ),
     ]

@@ -37,7 +37,13 @@ class Command(BaseCommand):
             fields["expires_at"] = timezone.now() + timedelta(days=opts["expires_in_days"])
         if opts["models"]:
             fields["allowed_models"] = [m.strip() for m in opts["models"].split(",") if m.strip()]
-        for option, field in [("rpm", "requests_per_minute"), ("tpm", "tokens_per_minute"), ("concurrent", "concurrent_streams"), ("budget", "token_budget"), ("budget_period", "budget_period")]:
+        for option, field in [
+            ("rpm", "requests_per_minute"),
+            ("tpm", "tokens_per_minute"),
+            ("concurrent", "concurrent_streams"),
+            ("budget", "token_budget"),
+            ("budget_period", "budget_period"),
+        ]:
             if opts[option] is not None:
                 fields[field] = opts[option]
         key, raw = ApiKey.create_key(opts["name"], **fields)

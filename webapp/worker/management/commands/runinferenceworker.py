@@ -18,13 +18,19 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model", action="append", help="serve only this model id (repeatable)")
-        parser.add_argument("--metrics-port", type=int, default=settings.ROUNDTRIP_WORKER_METRICS_PORT,
-                            help="serve this worker's Prometheus metrics on this port (0: off; default ROUNDTRIP_WORKER_METRICS_PORT)")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=settings.ROUNDTRIP_WORKER_METRICS_PORT,
+            help="serve this worker's Prometheus metrics on this port (0: off; default ROUNDTRIP_WORKER_METRICS_PORT)",
+        )
         parser.add_argument("--metrics-host", default="127.0.0.1", help="address for the metrics port")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer"):
-            raise CommandError("the in-memory channel layer cannot reach other processes: set REDIS_URL, or just run the site (the worker starts inside it)")
+            raise CommandError(
+                "the in-memory channel layer cannot reach other processes: set REDIS_URL, or just run the site (the worker starts inside it)"
+            )
         routes = [r for r in configured_models() if not opts["model"] or r.id in opts["model"]]
         if not routes:
             raise CommandError(f"no configured model matches {opts['model']}")
