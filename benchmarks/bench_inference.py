@@ -65,16 +65,19 @@ def median_time(fn: Any, repeats: int) -> float:
 
 def child(weights: str, lengths: list[int], n: int, repeats: int) -> dict[str, Any]:
     """One weight format, in this process: load, prefill, decode at each level."""
+    import dataclasses
+
     import torch
 
     from inference.batch import Chunk
+    from inference.engine import Engine
     from inference.loader import load_model
     from inference.params import SamplingParams
-    from inference.scheduler import Scheduler
     from inference.sequence import SequenceRequest
     from inference.trace import Sampled, TraceLevel
+    from webapp.env import load_config
 
-    loaded = load_model(weights=weights)
+    loaded = load_model(settings=dataclasses.replace(load_config(), weights=weights))  # as the server loads it
     ids = loaded.tokenizer.encode(FILLER).ids
 
     def prefill(length: int) -> None:
@@ -85,14 +88,14 @@ def child(weights: str, lengths: list[int], n: int, repeats: int) -> dict[str, A
             )
 
     def decode_rate(level: TraceLevel) -> float:
-        scheduler = Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes)
+        engine = Engine(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes)
         prompt = loaded.chat_template.render(STORY).ids
-        scheduler.add(
+        engine.scheduler.add(
             SequenceRequest("bench", prompt, SamplingParams(temperature=0.0, max_tokens=n + 1, ignore_eos=True), level)
         )
         times: list[float] = []
         while len(times) < n + 1:
-            times += [e.t for output in scheduler.step() for e in output.events if isinstance(e, Sampled)]
+            times += [e.t for output in engine.step() for e in output.events if isinstance(e, Sampled)]
         return n / (times[-1] - times[0])
 
     prefill_rates = {

@@ -7,10 +7,12 @@ inter-token latency and decode tokens/s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from inference.chat_template import Message
 from inference.errors import InferenceError
+from inference.load_config import LoadConfig
 from inference.loader import load_model
 from inference.params import SamplingParams
 from inference.pipeline import ChatPipeline
@@ -23,15 +25,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("prompt")
     parser.add_argument("--system", default="You are a helpful assistant.")
     parser.add_argument("--model", help="path to a LLaMA-family GGUF file (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int)
+    defaults = LoadConfig()
+    for option in dataclasses.fields(LoadConfig):  # how the model loads: the server's ROUNDTRIP_* settings, as options
+        if option.name != "use_cache":
+            default = getattr(defaults, option.name)
+            parser.add_argument(f"--{option.name.replace('_', '-')}", default=default, type=type(default) if default else None,
+                                help=f"as ROUNDTRIP_{option.name.upper()} (default: {default or 'cuda when present, else cpu'})")
     args = parser.parse_args(argv)
+    settings = LoadConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LoadConfig) if f.name != "use_cache"})
     try:
-        loaded = load_model(args.model, args.device, progress=terminal_progress())
+        loaded = load_model(args.model, settings, progress=terminal_progress())
         print(
             f"[{loaded.model_id} on {loaded.device} ({loaded.dtype}), loaded in {loaded.load_seconds:.2f}s"
             f"{' from cache' if loaded.from_cache else ''}]",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -71,6 +70,7 @@ COMMON_FLAGS = (
 )  # products and sums rounded as written: see roped_decode_attention
 
 _loaded: Isa | None = None  # set once `load` has loaded the library into this process
+_activation_parts = 1  # see `use_activations`
 AMX_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)  # batch sizes at which q4_mm's two paths are timed against each other
 
 
@@ -82,10 +82,9 @@ def _cpu_flags() -> set[str]:
     return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
 
 
-def isa(setting: str | None = None) -> Isa | None:
-    """The instruction set to build for: `ROUNDTRIP_CPU_KERNELS` (`auto`, `off`, or an ISA's name, to try a lesser one
-    on a CPU that has more), else the best this CPU has; None for none. A setting outside those is an error."""
-    setting = setting if setting is not None else os.environ.get("ROUNDTRIP_CPU_KERNELS", "auto")
+def isa(setting: str = "auto") -> Isa | None:
+    """The instruction set to build for, by `LoadConfig.cpu_kernels` (`auto`: the best this CPU has; `off`; or an
+    ISA's name, to try a lesser one on a CPU that has more); None for none. A setting outside those is an error."""
     names = {candidate.name: candidate for candidate in ISAS}
     if setting not in ("auto", "off", *names):
         raise ValueError(f"ROUNDTRIP_CPU_KERNELS={setting!r}: use auto, off, or one of {', '.join(names)}")
@@ -161,10 +160,10 @@ def choose_amx_rows(weights: list[tuple[Tensor, int, int]], rows: tuple[int, ...
     return int(torch.ops.roundtrip.q4_mm_amx_from(chosen))
 
 
-def load(cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> bool:
-    """Load the kernels, building them the first time; whether they are loaded."""
+def load(cache_dir: Path, setting: str = "auto", report: Callable[[str], None] = lambda note: None) -> bool:
+    """Load the kernels for `setting` (see `isa`), building them the first time; whether they are loaded."""
     global _loaded
-    target = isa()
+    target = isa(setting)
     if target is None:
         return False
     if _loaded is not None:
@@ -173,14 +172,15 @@ def load(cache_dir: Path, report: Callable[[str], None] = lambda note: None) -> 
     if not library.exists():
         report(f"building Roundtrip's CPU kernels for {target.name} (first start only, about 30 s)")
         root = SOURCES[0].parent.parent.parent
-        # The builder runs `ninja` from PATH: put this interpreter's folder first, where requirements.txt installs it.
-        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        # The builder runs `ninja` from PATH: the shell puts this interpreter's folder first, where requirements.txt
+        # installs it (a virtualenv's folder is not on PATH unless activated).
+        build = [sys.executable, "-m", "inference.cpu_kernels_build", str(library), target.name]
         done = subprocess.run(
-            [sys.executable, "-m", "inference.cpu_kernels_build", str(library), target.name],
-            cwd=root,
+            ["sh", "-c", 'PATH="$0:$PATH" exec "$@"', str(Path(sys.executable).parent), *build],
+            cwd=root,  # `-m` finds the package here
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(root), "PATH": path},
+            check=False,
         )
         if done.returncode != 0:
             log.warning("Roundtrip's CPU kernels did not build; the model runs on torch's:\n%s", done.stderr[-2000:])
@@ -228,14 +228,19 @@ def q4_mm_swiglu(gate_up: Tensor, packed: Tensor, out_features: int, parts: int 
     return y
 
 
-def activation_parts() -> int:
-    """`ROUNDTRIP_Q4_ACTIVATIONS`: `int8` (default), one int8 per activation as llama.cpp rounds them; `int8x2`, two
-    parts, about 15 bits, float32's results within about 1e-4 for twice the multiplies (decode about 9% slower
-    alone, batches of 8 to 16 rows twice as slow)."""
-    setting = os.environ.get("ROUNDTRIP_Q4_ACTIVATIONS", "int8")
+def use_activations(setting: str) -> None:
+    """How q4_mm rounds activations from now on in this process (`LoadConfig.q4_activations`): `int8` (default), one
+    int8 per activation as llama.cpp rounds them; `int8x2`, two parts, about 15 bits, float32's results within about
+    1e-4 for twice the multiplies (decode about 9% slower alone, batches of 8 to 16 rows twice as slow)."""
+    global _activation_parts
     if setting not in ACTIVATION_SETTINGS:
         raise ValueError(f"ROUNDTRIP_Q4_ACTIVATIONS={setting!r}: use one of {', '.join(ACTIVATION_SETTINGS)}")
-    return ACTIVATION_SETTINGS[setting]
+    _activation_parts = ACTIVATION_SETTINGS[setting]
+
+
+def activation_parts() -> int:
+    """int8 parts per activation in q4_mm, as `use_activations` last set it (1 until then)."""
+    return _activation_parts
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

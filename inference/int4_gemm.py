@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -60,7 +59,7 @@ def load(
     shapes: Sequence[Shape], cache_dir: Path, report: Callable[[str], None] = lambda note: None
 ) -> dict[Shape, Kernel] | None:
     """Kernels for `shapes`, building the missing ones (minutes, once); None where they cannot be used."""
-    if os.environ.get("ROUNDTRIP_INT4_GEMM", "auto") == "off" or not torch._C._cpu._init_amx():
+    if not torch._C._cpu._init_amx():
         return None
     shapes = sorted(set(s for s in shapes if supported(*s)))
     if not shapes:
@@ -75,9 +74,7 @@ def load(
             str(d) for s in missing for d in s
         ]
         root = Path(__file__).resolve().parent.parent
-        done = subprocess.run(
-            command, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}
-        )
+        done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)  # `-m` finds the package in cwd
         if done.returncode != 0:
             log.warning("int4 GEMM build failed; prompts use the eager int4 kernel:\n%s", done.stderr[-2000:])
             return None

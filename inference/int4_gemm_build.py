@@ -122,7 +122,6 @@ def build(out_dir: Path, n: int, k: int) -> Path:
 def main(argv: list[str]) -> None:
     out_dir = Path(argv[0])
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(int(os.environ.get("ROUNDTRIP_BUILD_THREADS", torch.get_num_threads())))
     _allow_weights_as_inputs()
     _read_the_eager_layout()
     shapes = [(int(argv[i]), int(argv[i + 1])) for i in range(1, len(argv), 2)]

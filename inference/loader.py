@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -19,6 +20,7 @@ from inference.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inference.config import ModelConfig
 from inference.errors import ModelFileError
 from inference.gguf_file import GGUFFile, TokenizerData
+from inference.load_config import LoadConfig
 from inference.memory import return_free_memory
 from inference.model import Transformer
 from inference.model_weights import ModelWeights, expected_tensors
@@ -51,10 +53,8 @@ def default_model_path() -> str:
 
 
 def pick_device(requested: str | None = None) -> torch.device:
-    """`requested`, else `ROUNDTRIP_DEVICE`, else CUDA when present, else the CPU."""
-    return torch.device(
-        requested or os.environ.get("ROUNDTRIP_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    )
+    """`requested` (`LoadConfig.device`), else CUDA when present, else the CPU."""
+    return torch.device(requested or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 @dataclass
@@ -87,92 +87,42 @@ class LoadedModel:
         return f"{self.weights.describe()}, {self.model.weights_bytes / 1e6:.0f} MB"
 
 
-def load_model(
-    path: str | None = None,
-    device: str | None = None,
-    progress: ProgressCallback | None = None,
-    use_cache: bool = True,
-    weights: str | None = None,
-) -> LoadedModel:
-    """Load and check a GGUF model; every problem is a ModelFileError naming the file.
-
-    `weights` is the format setting (see `inference.weight_choice`); default `ROUNDTRIP_WEIGHTS`, else auto. The KV
-    cache's precision comes from `ROUNDTRIP_KV_CACHE` (auto, float32 or float16; see `Transformer.cache_dtype`).
-    """
+def load_model(path: str | None = None, settings: LoadConfig | None = None, progress: ProgressCallback | None = None) -> LoadedModel:
+    """Load and check a GGUF model (default: SmolLM2-135M-Instruct) as `settings` say (default: every setting's
+    default); every problem is a ModelFileError naming the file."""
     started = time.perf_counter()
+    settings = settings or LoadConfig()
     path = os.path.abspath(path or default_model_path())
     report = progress or (lambda p: None)
     if not os.path.isfile(path):
         raise ModelFileError(path, "no such file")
-    gguf: GGUFFile | None = None
-    meta = weights_cache.load_meta(path) if use_cache else None
-    if meta is None:
-        report(LoadProgress("reading", 0, 1, os.path.basename(path)))
-        gguf = GGUFFile(path)
-        meta = {"metadata": to_plain(gguf.metadata), "tokenizer": gguf.tokenizer_data().__dict__}
-        report(LoadProgress("reading", 1, 1, os.path.basename(path)))
-    tok_data = TokenizerData(**meta["tokenizer"])
-    config = ModelConfig.from_gguf_metadata(meta["metadata"], path, len(tok_data.tokens))
-    target = pick_device(device)
-    setting = weights if weights is not None else os.environ.get("ROUNDTRIP_WEIGHTS", "auto")
     try:
-        kv_cache_dtype = kv_cache_setting(os.environ.get("ROUNDTRIP_KV_CACHE", "auto"))
-        if target.type == "cpu":
-            cpu_kernels.load(weights_cache.cache_dir(), lambda note: report(LoadProgress("kernels", 0, 1, note)))
-            cpu_kernels.activation_parts()  # a mistyped setting fails here, by name
-        plan, kernels = weight_choice.choose(
-            config,
-            target,
-            setting,
-            weights_cache.cache_dir() if use_cache else None,
-            lambda note: report(LoadProgress("kernels", 0, 1, note)),
-        )
+        settings.validate()
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None
-    state = weights_cache.load_weights(path, plan.key) if use_cache else None
+    cache = settings.cache_dir if settings.use_cache else None
+    meta = weights_cache.load_meta(cache, path) if cache else None
+    gguf = None if meta is not None else _read(path, report)
+    if meta is None:
+        assert gguf is not None
+        meta = {"metadata": to_plain(gguf.metadata), "tokenizer": gguf.tokenizer_data().__dict__}
+    tok_data = TokenizerData(**meta["tokenizer"])
+    config = ModelConfig.from_gguf_metadata(meta["metadata"], path, len(tok_data.tokens))
+    target = pick_device(settings.device)
+    plan, kernels = _choose_weights(path, config, target, settings, report)
+    state = weights_cache.load_weights(cache, path, plan.key) if cache else None
     if state is not None:
         report(LoadProgress("cache", 1, 1, f"{plan.describe()} weights from cache"))
         model_weights = ModelWeights.restore(state, plan)
     else:
-        gguf = gguf or GGUFFile(path)
-        missing = [n for n in expected_tensors(config, gguf) if not gguf.has_tensor(n)]
-        if missing:
-            raise ModelFileError(
-                path,
-                f"tensor {missing[0]!r} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
-            )
-        model_weights = read_weights(
-            gguf,
-            config,
-            plan,
-            lambda done, total, name: report(LoadProgress("converting", done, total, f"{name} to {plan.describe()}")),
-        )
-        if use_cache:
-            weights_cache.store_meta(path, meta)
-            weights_cache.store_weights(path, plan.key, model_weights.state())
-
+        model_weights = _convert(path, gguf or GGUFFile(path), config, plan, report)
+        if cache:
+            weights_cache.store_meta(cache, path, meta)
+            weights_cache.store_weights(cache, path, plan.key, model_weights.state())
     report(LoadProgress("building", 0, 2, "tokenizer"))
-    tokenizer = BPETokenizer(tok_data, path)
-    specials = {i: t for t, i in tokenizer.special_ids.items()}
-    bos_id = meta["metadata"].get("tokenizer.ggml.bos_token_id")
-    eos_id = meta["metadata"].get("tokenizer.ggml.eos_token_id")
-    template = ChatTemplate(
-        meta["metadata"].get("tokenizer.chat_template") or CHATML_TEMPLATE,
-        tokenizer,
-        bos_token=specials.get(bos_id, ""),
-        eos_token=specials.get(eos_id, ""),
-        path=path,
-    )
+    tokenizer, template, eos_id = _tokenizer(path, meta["metadata"], tok_data)
     report(LoadProgress("building", 1, 2, "transformer"))
-    stream = plan.compute_dtype if target.type == "cuda" else torch.float32
-    model = Transformer(config, model_weights, stream, kv_cache_dtype).to(target).eval().requires_grad_(False)
-    if kernels:
-        _attach_kernels(model, kernels, plan.gemm_above)
-    if plan.q8 and "amx" in (cpu_kernels.loaded_isa() or ""):
-        report(LoadProgress("kernels", 0, 1, "timing the int4 kernel on AMX against the vector units"))
-        cpu_kernels.choose_amx_rows(
-            [(m.packed, m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Q8)]
-        )
+    model = _transformer(config, model_weights, plan, kernels, target, KV_CACHE_DTYPES[settings.kv_cache], report)
     return_free_memory()
     report(LoadProgress("building", 2, 2, "ready"))
     return LoadedModel(
@@ -189,14 +139,83 @@ def load_model(
     )
 
 
-KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16}
+def _read(path: str, report: ProgressCallback) -> GGUFFile:
+    report(LoadProgress("reading", 0, 1, os.path.basename(path)))
+    gguf = GGUFFile(path)
+    report(LoadProgress("reading", 1, 1, os.path.basename(path)))
+    return gguf
 
 
-def kv_cache_setting(setting: str) -> torch.dtype | None:
-    """The KV cache's dtype for a `ROUNDTRIP_KV_CACHE` value (None: the model chooses); ValueError naming the choices."""
-    if setting not in KV_CACHE_DTYPES:
-        raise ValueError(f"ROUNDTRIP_KV_CACHE={setting!r}: use {', '.join(KV_CACHE_DTYPES)}")
-    return KV_CACHE_DTYPES[setting]
+def _choose_weights(
+    path: str, config: ModelConfig, target: torch.device, settings: LoadConfig, report: ProgressCallback
+) -> tuple[WeightPlan, weight_choice.Kernels | None]:
+    """Our CPU kernels loaded (built the first time) on a CPU, then the weight format chosen (see `weight_choice`)."""
+
+    def note(text: str) -> None:
+        report(LoadProgress("kernels", 0, 1, text))
+
+    try:
+        if target.type == "cpu":
+            cpu_kernels.use_activations(settings.q4_activations)
+            cpu_kernels.load(settings.cache_dir, settings.cpu_kernels, note)
+        return weight_choice.choose(config, target, settings.weights, settings.cache_dir if settings.use_cache else None,
+                                    note, compiled_gemm=settings.int4_gemm != "off")
+    except ValueError as exc:
+        raise ModelFileError(path, str(exc)) from None
+
+
+def _convert(path: str, gguf: GGUFFile, config: ModelConfig, plan: WeightPlan, report: ProgressCallback) -> ModelWeights:
+    """The file's tensors in the plan's formats; a ModelFileError naming what is missing."""
+    missing = [n for n in expected_tensors(config, gguf) if not gguf.has_tensor(n)]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelFileError(path, f"tensor {missing[0]!r} is missing{more}")
+
+    def converting(done: int, total: int, name: str) -> None:
+        report(LoadProgress("converting", done, total, f"{name} to {plan.describe()}"))
+
+    return read_weights(gguf, config, plan, converting)
+
+
+def _tokenizer(path: str, metadata: dict[str, Any], tok_data: TokenizerData) -> tuple[BPETokenizer, ChatTemplate, int | None]:
+    """The tokenizer, the chat template (ChatML when the file has none) and the end-of-sequence id."""
+    tokenizer = BPETokenizer(tok_data, path)
+    specials = {i: t for t, i in tokenizer.special_ids.items()}
+    bos_id: int | None = metadata.get("tokenizer.ggml.bos_token_id")
+    eos_id: int | None = metadata.get("tokenizer.ggml.eos_token_id")
+    template = ChatTemplate(
+        metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE,
+        tokenizer,
+        bos_token=specials.get(bos_id, "") if bos_id is not None else "",
+        eos_token=specials.get(eos_id, "") if eos_id is not None else "",
+        path=path,
+    )
+    return tokenizer, template, eos_id
+
+
+def _transformer(
+    config: ModelConfig,
+    weights: ModelWeights,
+    plan: WeightPlan,
+    kernels: weight_choice.Kernels | None,
+    target: torch.device,
+    kv_cache_dtype: torch.dtype | None,
+    report: ProgressCallback,
+) -> Transformer:
+    """The model on its device, with the compiled int4 GEMM attached and q4_mm's AMX batch size timed where they apply."""
+    stream = plan.compute_dtype if target.type == "cuda" else torch.float32
+    model = Transformer(config, weights, stream, kv_cache_dtype).to(target).eval().requires_grad_(False)
+    if kernels:
+        _attach_kernels(model, kernels, plan.gemm_above)
+    if plan.q8 and "amx" in (cpu_kernels.loaded_isa() or ""):
+        report(LoadProgress("kernels", 0, 1, "timing the int4 kernel on AMX against the vector units"))
+        cpu_kernels.choose_amx_rows(
+            [(m.packed, m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Q8)]
+        )
+    return model
+
+
+KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16}  # LoadConfig.kv_cache
 
 
 def _attach_kernels(model: Transformer, kernels: weight_choice.Kernels, above: int) -> None:

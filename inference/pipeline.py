@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.chat_template import Message, Prompt
+from inference.engine import Engine
 from inference.errors import ContextLengthExceededError, PromptFarTooLongError
 from inference.grammar import Grammar
 from inference.loader import LoadedModel
 from inference.params import SamplingParams
-from inference.scheduler import Scheduler, SchedulerConfig
+from inference.scheduler import SchedulerConfig
 from inference.sequence import SequenceRequest
 from inference.trace import ContextBuilt, Tokenized, TraceEvent, TraceLevel
 
@@ -192,18 +193,18 @@ class ChatPipeline:
 
         At `off`, only Sampled (without detail), TextDelta and Finished events.
         """
-        scheduler = self.scheduler()
+        engine = self.engine()
         if level != TraceLevel.OFF:
             yield self.tokenized(request)
-        scheduler.add(self.sequence_request(request, "single", level))
+        engine.scheduler.add(self.sequence_request(request, "single", level))
         while True:
-            for output in scheduler.step():
+            for output in engine.step():
                 if output.error is not None:
                     raise output.error
                 yield from output.events
                 if output.done:
                     return
 
-    def scheduler(self, config: SchedulerConfig = SchedulerConfig()) -> Scheduler:
+    def engine(self, config: SchedulerConfig = SchedulerConfig()) -> Engine:  # noqa: B008 (frozen)
         loaded = self.loaded
-        return Scheduler(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes, config)
+        return Engine(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes, config)

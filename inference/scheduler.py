@@ -1,39 +1,33 @@
-"""The engine: every step, one batched forward for every running sequence.
+"""The scheduler: which sequences run in the next forward, with which tokens, and what their results mean.
 
-In the shape of vLLM's scheduler: `add` a request, `abort` one, `step` the whole batch.
-A step admits waiting requests while the KV-cache budget and the batch limit allow
-(each is charged its prompt plus every token it may generate, so a running sequence
-never runs out of room), feeds one decode token per running sequence plus a bounded
-chunk of prompt for newcomers (a long prompt is prefilled over several steps, so it
-never freezes the others' streams), samples every row with its own parameters, and lets
-finished or aborted sequences leave, freeing their slot. A prompt's leading blocks come
-from the prefix cache when an earlier request computed them.
+In the shape of vLLM's scheduler: `add` a request, `abort` one; each engine step (`inference.engine`) is
+`schedule()` → the model runs the plan (`inference.model_runner`) → `update_from_output()`. Scheduling admits waiting
+requests while the KV-cache budget and the batch limit allow (each is charged its prompt plus every token it may
+generate, so a running sequence never runs out of room), feeds one decode token per running sequence plus a bounded
+chunk of prompt for newcomers (a long prompt is prefilled over several steps, so it never freezes the others' streams),
+and the update samples every row with its own parameters and lets finished or aborted sequences leave, freeing their
+slot. A prompt's leading blocks come from the prefix cache when an earlier request computed them.
 
-The scheduler knows nothing about text: prompts arrive as ids; each sequence's own
-state (`inference.sequence`) turns its tokens into text and trace events.
+The scheduler knows nothing about text and runs no model: prompts arrive as ids; each sequence's own state
+(`inference.sequence`) turns its tokens into text and trace events; the KV cache is handed in.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
-from inference.batch import Chunk
 from inference.errors import InferenceError, InvalidRequestError
-from inference.kv_cache import round_capacity
-from inference.model import ForwardProbe, Transformer
-from inference.params import SamplingParams
+from inference.kv_cache import SlotCache, round_capacity
+from inference.outputs import ModelOutput, ScheduledChunk, SchedulerOutput, SequenceOutput
 from inference.prefix_cache import PrefixCache
-from inference.probe import LayerProbe, PromptMatrixProbe, lens_layers
-from inference.sampling import Sample, Sampler, summarize
-from inference.sequence import DETAIL_TOP_N, Phase, SequenceRequest, SequenceState
+from inference.sequence import Phase, SequenceRequest, SequenceState
 from inference.step_cost import StepCost
-from inference.trace import BatchStep, LayerDetail, TraceEvent, TraceLevel
+from inference.trace import BatchStep
 
 GIB = 1024**3
 SHRINK_SLACK_BYTES = GIB // 4  # spare KV cache kept while sequences run (see `Scheduler._shrink`)
@@ -76,17 +70,6 @@ class KVBudgetExceededError(InvalidRequestError):
         )
 
 
-@dataclass
-class SequenceOutput:
-    """What one sequence produced in a step; `done` when it left the scheduler."""
-
-    request_id: str
-    events: list[TraceEvent] = field(default_factory=list)
-    done: bool = False
-    error: Exception | None = None
-    cancelled: bool = False
-
-
 @dataclass(frozen=True)
 class SchedulerStats:
     running: int
@@ -105,20 +88,22 @@ class SchedulerStats:
 
 
 class Scheduler:
+    """`cache`: the KV cache the model runs in (slots are handed out here); `vocab_size`, `stop_ids` and
+    `token_bytes`: what each sequence's sampler and detokenizer need."""
+
     def __init__(
         self,
-        model: Transformer,
+        cache: SlotCache,
+        vocab_size: int,
         stop_ids: frozenset[int],
         token_bytes: Sequence[bytes],
         config: SchedulerConfig = SchedulerConfig(),
     ) -> None:
-        self.model = model
+        self.cache = cache
+        self.vocab_size = vocab_size
         self.stop_ids = stop_ids
         self.token_bytes = token_bytes
         self.config = config
-        self.device = model.device
-        with torch.inference_mode():
-            self.cache = model.new_cache(0, 0)
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes, config.prefix_block)
         self.prefix_cache.allocate(self.cache)
         self.waiting: deque[SequenceState] = deque()
@@ -140,7 +125,7 @@ class Scheduler:
         queued = len(self.waiting) - (self.config.max_batch - len(self.running))  # beyond the free slots, they wait
         if queued >= self.config.max_waiting:
             raise QueueFullError(queued)
-        state = SequenceState(request, self.model.config.vocab_size, self.stop_ids, self.token_bytes)
+        state = SequenceState(request, self.vocab_size, self.stop_ids, self.token_bytes)
         if self._bytes(1, round_capacity(state.reserve)) > self.config.kv_budget_bytes:
             raise KVBudgetExceededError(state.reserve, self.config.kv_budget_bytes // self.cache.bytes_per_position)
         self.waiting.append(state)
@@ -187,79 +172,52 @@ class Scheduler:
         )
 
     @torch.inference_mode()
-    def step(self) -> list[SequenceOutput]:
-        """Drop aborted sequences, admit waiting ones, run one batched forward and sample every row.
-
-        The step's bookkeeping (finished sequences' prefixes into the prefix cache, their slots to the others, a
-        completed prompt shared) is left to `finish_step`, which the caller runs once the outputs are on their way:
-        when a batch of streams finishes together it costs several ms, and their last tokens need not wait for it.
-        A caller that does not run it has it run at the start of the next step."""
+    def schedule(self) -> SchedulerOutput:
+        """The next forward: drop aborted sequences, admit waiting ones, and give each running sequence its tokens (a
+        decode token, or a share of the prompt for newcomers). Runs the last step's bookkeeping first, if the caller
+        left it (see `finish_step`)."""
         self.finish_step()
         outputs = self._drop_aborted()
         outputs += self._admit()
         rows = [s for s in self.running if not s.paused]
-        if not rows:
-            return outputs
         newcomers = [s for s in rows if s.phase == Phase.PREFILL]
-        shares = iter(
-            self._prompt_shares([len(s.prompt_ids) - s.computed for s in newcomers], len(rows) - len(newcomers))
-        )
-        fed = [state.next_tokens(next(shares) if state.phase == Phase.PREFILL else 1) for state in rows]
-        scheduled = [(s, t) for s, t in zip(rows, fed) if t]
-        chunks = [Chunk(s.slot or 0, s.computed, len(t)) for s, t in scheduled]
-        samples = [s.phase == Phase.DECODE or s.computed + len(t) == len(s.prompt_ids) for s, t in scheduled]
-        prefilling = sum(s.phase == Phase.PREFILL for s, _ in scheduled)
-        prefill_tokens = sum(len(t) for s, t in scheduled if s.phase == Phase.PREFILL)
-        plan = self.model.plan(chunks)
-        sampled_tokens = [int(plan.last_tokens[i]) for i, wants in enumerate(samples) if wants]
-        probes = {
-            int(plan.last_tokens[i]): LayerProbe()
-            for i, (s, _) in enumerate(scheduled)
-            if samples[i] and s.request.level == TraceLevel.FULL
-        }
-        token_ids = torch.tensor([token for _, t in scheduled for token in t], device=self.device)
-        started = time.perf_counter()
-        logits = self.model(
-            token_ids, plan, self.cache, probes, torch.tensor(sampled_tokens, device=self.device, dtype=torch.long)
-        )
-        logits = logits.cpu()  # also waits for the device: honest step clocks
-        ended = time.perf_counter()
-        self.step_cost.observe(len(token_ids), ended - started)
+        shares = iter(self._prompt_shares([len(s.prompt_ids) - s.computed for s in newcomers], len(rows) - len(newcomers)))
+        chunks = []
+        for state in rows:
+            tokens = state.next_tokens(next(shares) if state.phase == Phase.PREFILL else 1)
+            if tokens:
+                samples = state.phase == Phase.DECODE or state.computed + len(tokens) == len(state.prompt_ids)
+                chunks.append(ScheduledChunk(state, tokens, samples))
+        return SchedulerOutput(chunks, outputs)
+
+    def update_from_output(self, scheduled: SchedulerOutput, result: ModelOutput) -> list[SequenceOutput]:
+        """What the forward means for each sequence in it: its forward and sampling events, a token from its row of
+        logits, and whether it is done. A sequence whose update fails ends with the error; the batch goes on.
+
+        The step's bookkeeping (finished sequences' prefixes into the prefix cache, their slots to the others, a
+        completed prompt shared) is left to `finish_step`, which the caller runs once the outputs are on their way:
+        when a batch of streams finishes together it costs several ms, and their last tokens need not wait for it."""
+        self.step_cost.observe(scheduled.n_tokens, result.duration)
         self.steps += 1
-        batch = BatchStep(
-            ended,
-            self.steps,
-            len(scheduled),
-            prefill_tokens,
-            len(scheduled) - prefilling,
-            ended - started,
-            [s.request_id for s, _ in scheduled],
-        )
+        batch = BatchStep(result.ended, self.steps, len(scheduled.chunks), scheduled.prefill_tokens, scheduled.decode_rows,
+                          result.duration, [c.state.request_id for c in scheduled.chunks])
         self.last_batch = batch
-        summaries = summarize(logits)
-        row = 0
-        leaving: list[SequenceState] = []
-        for i, (state, fed_tokens) in enumerate(scheduled):
-            output = SequenceOutput(state.request_id)
+        outputs, leaving, rows = [], [], iter(range(len(scheduled.chunks)))
+        for chunk, detail in zip(scheduled.chunks, result.details):
+            state, output = chunk.state, SequenceOutput(chunk.state.request_id)
+            outputs.append(output)
+            row = next(rows) if chunk.samples else -1  # its row of logits: the sampling rows come in chunk order
             try:
-                probe = probes.get(int(plan.last_tokens[i])) if samples[i] else None
-                detail = probe.detail() if probe is not None else None
-                output.events += state.forwarded(batch, len(fed_tokens), started, detail)
-                if samples[i]:
-                    output.events += state.sample(logits[row], summaries[row])
-                    row += 1
+                output.events += state.forwarded(batch, len(chunk.tokens), result.started, detail)
+                if chunk.samples:
+                    output.events += state.sample(result.logits[row], result.summaries[row])
             except Exception as exc:  # this request fails; the batch goes on
-                output.error, output.done = exc, True
-                state.phase = Phase.DONE
-                leaving.append(state)
-                outputs.append(output)
-                continue
+                output.error, state.phase = exc, Phase.DONE
             if state.phase == Phase.DONE:
                 output.done = True
                 leaving.append(state)
-            elif samples[i] and len(state.generated) == 1:  # its prompt is all in: share it with later requests
+            elif chunk.samples and len(state.generated) == 1:  # its prompt is all in: share it with later requests
                 self._sharing.append(state)
-            outputs.append(output)
         self._leaving += [(state, state.finish_reason is not None) for state in leaving]
         return outputs
 
@@ -290,45 +248,6 @@ class Scheduler:
         self._aborted.clear()
         self.cache.resize(0, 0, [])
         return dropped
-
-    @torch.inference_mode()
-    def inspect(self, ids: Sequence[int]) -> LayerDetail:
-        """The full-level look at the last position of `ids`, recomputed from scratch in a cache of its own.
-
-        Lets a page ask, after the fact, for the attention of any token of a finished run
-        (which was traced at summary level, or beyond the live position budget).
-        """
-        probe = LayerProbe(lens_layers(self.model.config.n_layers, None))
-        self._last_logits(ids, {len(ids) - 1: probe})
-        return probe.detail()
-
-    @torch.inference_mode()
-    def prompt_attention(self, ids: Sequence[int], layer: int) -> Tensor:
-        """The prefill's full token x token attention at `layer` for `ids`: [H, T, T], recomputed in a cache of its
-        own (a live trace keeps the row of the token each pass fed last; this is every row, on demand)."""
-        c = self.model.config
-        if not 0 <= layer < c.n_layers:
-            raise InvalidRequestError(f"'layer' must be 0 to {c.n_layers - 1}", "layer")
-        probe = PromptMatrixProbe(layer, c.n_heads, len(ids))
-        self._last_logits(ids, dict.fromkeys(range(len(ids)), probe))
-        return probe.weights
-
-    @torch.inference_mode()
-    def resample(self, prompt_ids: Sequence[int], generated: Sequence[int], params: SamplingParams) -> Sample:
-        """What if a past step had been sampled otherwise: the next token after `prompt_ids` + `generated`,
-        drawn with `params` (penalties see `generated` as the output so far) from that step's real logits,
-        recomputed from scratch; explained as the sampling stage shows a live step."""
-        ids = [*prompt_ids, *generated]
-        sampler = Sampler(params, self.model.config.vocab_size, prompt_ids, self.stop_ids)
-        for token in generated:
-            sampler.observe(token)
-        return sampler.sample(self._last_logits(ids, {}), DETAIL_TOP_N)
-
-    def _last_logits(self, ids: Sequence[int], probes: Mapping[int, ForwardProbe]) -> Tensor:
-        """float32 logits [V] after `ids`, computed in a cache of their own (the running batch is untouched)."""
-        cache = self.model.new_cache(1, len(ids))
-        plan = self.model.plan([Chunk(0, 0, len(ids))])
-        return self.model(torch.tensor(list(ids), device=self.device), plan, cache, dict(probes))[0].float().cpu()
 
     # --- admission and slots -----------------------------------------------------------------
 

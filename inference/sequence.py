@@ -145,11 +145,6 @@ class SequenceState:
         )
         return [batch, step]
 
-    @property
-    def wants_logits(self) -> bool:
-        """Whether the forward just planned ends on a token this sequence samples after (not mid-prompt)."""
-        return self.phase == Phase.DECODE
-
     def sample(self, logits: Tensor, summary: RowSummary | None = None) -> list[TraceEvent]:
         """Pick the next token from this sequence's float32 logits [V] (and their summary, when the step made one for
         every row); its events, and Finished when it is done."""

@@ -158,17 +158,18 @@ def choose(
     setting: str,
     cache_dir: Path | None = None,
     report: Callable[[str], None] = lambda note: None,
+    compiled_gemm: bool = True,
 ) -> tuple[WeightPlan, Kernels | None]:
     """The plan for this model on this device — the setting's, else remembered (in `cache_dir`), else measured
-    (and remembered) — and the compiled int4 GEMM kernels when the plan uses them. Our int4 x int8 kernel is a
-    candidate when our CPU kernels are loaded (`inference.cpu_kernels`)."""
+    (and remembered) — and the compiled int4 GEMM kernels when the plan uses them (never unless `compiled_gemm`).
+    Our int4 x int8 kernel is a candidate when our CPU kernels are loaded (`inference.cpu_kernels`)."""
     plan = parse(setting, device)
     if device.type != "cpu":
         return plan or WeightPlan(WeightFormat.BF16), None
     if plan is not None and not plan.uses(WeightFormat.INT4):
         return plan, None
     q8 = cpu_kernels.is_loaded()
-    kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None else None
+    kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None and compiled_gemm else None
     if plan is not None and kernels is None and not q8:
         return plan, None
     q8_kernel = f"{cpu_kernels.loaded_isa()}x{cpu_kernels.activation_parts()}" if q8 else ""

@@ -22,47 +22,42 @@ import torch
 CACHE_FORMAT = 5  # bump when the stored layout changes (`ModelWeights.state`)
 
 
-def cache_dir() -> Path:
-    """`ROUNDTRIP_CACHE_DIR`, else `~/.cache/roundtrip/models`."""
-    configured = os.environ.get("ROUNDTRIP_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "roundtrip" / "models"
-
-
-def entry_for(model_path: str) -> Path:
+def entry_for(cache_dir: Path, model_path: str) -> Path:
+    """The folder in `cache_dir` (`LoadConfig.cache_dir`) of this version of this file."""
     stat = os.stat(model_path)
     key = f"{os.path.realpath(model_path)}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_FORMAT}"
-    return cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:24]
+    return cache_dir / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def _weights_file(model_path: str, plan_key: str) -> Path:
+def _weights_file(cache_dir: Path, model_path: str, plan_key: str) -> Path:
     build = f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}"
     tag = re.sub(r"[^a-z0-9]+", "-", plan_key)
-    return entry_for(model_path) / f"weights-{tag}-{hashlib.sha256(build.encode()).hexdigest()[:8]}.pt"
+    return entry_for(cache_dir, model_path) / f"weights-{tag}-{hashlib.sha256(build.encode()).hexdigest()[:8]}.pt"
 
 
-def load_meta(model_path: str) -> dict[str, Any] | None:
+def load_meta(cache_dir: Path, model_path: str) -> dict[str, Any] | None:
     try:
-        meta: dict[str, Any] = json.loads((entry_for(model_path) / "meta.json").read_text())
+        meta: dict[str, Any] = json.loads((entry_for(cache_dir, model_path) / "meta.json").read_text())
     except (OSError, ValueError):
         return None
     return meta
 
 
-def store_meta(model_path: str, meta: dict[str, Any]) -> None:
-    _write(entry_for(model_path) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
+def store_meta(cache_dir: Path, model_path: str, meta: dict[str, Any]) -> None:
+    _write(entry_for(cache_dir, model_path) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
 
 
-def load_weights(model_path: str, plan_key: str) -> dict[str, Any] | None:
+def load_weights(cache_dir: Path, model_path: str, plan_key: str) -> dict[str, Any] | None:
     """The weights' state (see `ModelWeights.state`), memory-mapped; None on a miss or an unreadable entry."""
     try:
-        state: dict[str, Any] = torch.load(_weights_file(model_path, plan_key), mmap=True, weights_only=True)
+        state: dict[str, Any] = torch.load(_weights_file(cache_dir, model_path, plan_key), mmap=True, weights_only=True)
     except (OSError, ValueError, RuntimeError):
         return None
     return state if state.get("plan") == plan_key else None
 
 
-def store_weights(model_path: str, plan_key: str, state: dict[str, Any]) -> None:
-    _write(_weights_file(model_path, plan_key), lambda f: torch.save(state, f))
+def store_weights(cache_dir: Path, model_path: str, plan_key: str, state: dict[str, Any]) -> None:
+    _write(_weights_file(cache_dir, model_path, plan_key), lambda f: torch.save(state, f))
 
 
 def _write(path: Path, write: Any) -> None:

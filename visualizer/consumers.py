@@ -8,25 +8,27 @@ requests from other clients go through the pipeline.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
+import msgspec
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from visualizer.questions import inspect, prompt_attention, resample
 from visualizer.runs import Run, Visitor
+from visualizer.watch import WATCH_GROUP, watcher_joined, watcher_left
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.json_input import BadJSON, loads_object
-from webapp.gateway.watch import WATCH_GROUP, watcher_joined, watcher_left
 
 MAX_FRAME_BYTES = 64 * 1024
+_json = msgspec.json.Encoder()
 
 
 class FrameConsumer(AsyncWebsocketConsumer):
     """JSON frames in and out; anything malformed gets an error frame, never a crash."""
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(frame, ensure_ascii=False, separators=(",", ":")))
+        """A frame as compact JSON; wire objects inside it (trace events, layer detail) are encoded as they are."""
+        await self.send(text_data=_json.encode(frame).decode())
 
     async def error(self, message: str, code: str = "bad_message") -> None:
         await self.send_frame({"type": "error", "status": 400, "code": code, "message": message, "param": None})

@@ -17,11 +17,11 @@ from pydantic import Field
 
 from visualizer.runs import Visitor, error_frame
 from webapp.api.protocol import SamplingFields, parse
+from webapp.catalog import ModelRoute
 from webapp.gateway import client
 from webapp.gateway.errors import bad_request
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
-from webapp.gateway.routing import ModelRoute
 
 MAX_IDS = 1_000_000  # the worker checks ids against its vocabulary and context length
 TokenId = Annotated[int, Field(ge=0)]

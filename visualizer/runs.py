@@ -22,8 +22,9 @@ from webapp.gateway import client
 from webapp.gateway.errors import GatewayError, bad_request
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
+from webapp.worker import wire
 
-LEVELS = ("summary", "full")
+LEVELS: dict[object, wire.Level] = {"summary": "summary", "full": "full"}
 RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation", "continue_final_message"}
 PARAM_FIELDS = {
     "temperature",
@@ -44,6 +45,14 @@ PARAM_FIELDS = {
 def error_frame(error: GatewayError) -> dict[str, Any]:
     """A gateway error as the socket sends it: the status and OpenAI's error fields."""
     return {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
+
+
+def accepted_frame(accepted: wire.Accepted | None) -> dict[str, Any]:
+    """The worker took the turn: which worker, the weights it holds, the prompt's length, the seed, the wait."""
+    if accepted is None:
+        return {"type": "accepted"}
+    return {"type": "accepted", "request_id": accepted.request_id, "worker": accepted.worker, "weights": accepted.weights,
+            "prompt_tokens": accepted.prompt_tokens, "seed": accepted.seed, "queued": accepted.queued}
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class Run:
         if self.generation is not None:
             await self.generation.cancel()
 
-    def _body(self) -> tuple[dict[str, Any], str, bool]:
+    def _body(self) -> tuple[dict[str, Any], wire.Level, bool]:
         """The payload as an OpenAI-style body for the shared parser, plus the trace level and step mode."""
         p = self.payload
         unknown = sorted(set(p) - RUN_FIELDS)
@@ -76,9 +85,9 @@ class Run:
         params = p.get("params") or {}
         if not isinstance(params, dict) or set(params) - PARAM_FIELDS:
             raise bad_request(f"'params' may only hold {', '.join(sorted(PARAM_FIELDS))}.", "params")
-        level = p.get("level", "summary")
-        if level not in LEVELS:
-            raise bad_request(f"'level' must be one of {', '.join(LEVELS)}.", "level")
+        level = LEVELS.get(p.get("level", "summary"))
+        if level is None:
+            raise bad_request(f"'level' must be one of {', '.join(LEVELS.values())}.", "level")
         body = {"model": p.get("model", "default"), "messages": p.get("messages"), **params}
         if "continue_final_message" in p:  # a branch: the answer so far, then the model goes on from it
             body["continue_final_message"] = p["continue_final_message"]
@@ -107,15 +116,12 @@ class Run:
                 step=step,
                 continue_final=request.continue_final_message,
             )
-            yield {
-                "type": "accepted",
-                **{k: v for k, v in self.generation.accepted.items() if k not in ("type", "control")},
-            }
+            yield accepted_frame(self.generation.accepted)
             async for message in turn.messages():
-                if message["type"] == "waiting":
-                    yield {"type": "waiting", "ahead": message["ahead"]}
+                if isinstance(message, wire.Waiting):
+                    yield {"type": "waiting", "ahead": message.ahead}
                 else:
-                    yield {"type": "trace", "event": message["event"]}
+                    yield {"type": "trace", "event": message.event}
         except asyncio.CancelledError as exc:  # the socket closed: nothing may keep running (or stay paused)
             turn.fail(exc)
             await turn.settle()
@@ -126,10 +132,8 @@ class Run:
         await turn.settle()
         finished = turn.usage.finished.get(0)
         if finished is not None and request is not None:
-            messages, answer = request.chat_messages, str(finished["text"])
-            if (
-                request.continue_final_message
-            ):  # a branch: the exchange is the question and the whole answer, as it now reads
+            messages, answer = request.chat_messages, finished.text
+            if request.continue_final_message:  # a branch: the exchange is the question and the whole answer, as it now reads
                 messages, answer = messages[:-1], messages[-1]["content"] + answer
             await sync_to_async(self._save_exchange)(turn.request_id, messages, answer)
         yield {"type": "usage", **turn.usage_report()}

@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from visualizer.models import Conversation
-from webapp.gateway.routing import configured_models
+from webapp.catalog import configured_models
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+from inference.load_config import LoadConfig, default_cache_dir
 
 
 class ImproperlyConfiguredEnv(ValueError):
@@ -126,3 +129,23 @@ def database_from_url(url: str) -> dict[str, Any]:
     if parsed.scheme == "sqlite":
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": parsed.path}
     raise ImproperlyConfiguredEnv(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (postgres:// or sqlite:///)")
+
+
+def load_config(prefix: str = "ROUNDTRIP_") -> LoadConfig:
+    """How models load (`inference.load_config`), from `<prefix>DEVICE`, `<prefix>WEIGHTS`, `<prefix>KV_CACHE`,
+    `<prefix>CPU_KERNELS`, `<prefix>Q4_ACTIVATIONS`, `<prefix>INT4_GEMM` and `<prefix>CACHE_DIR`; a value outside its
+    choices stops the start, naming the variable."""
+    config = LoadConfig(
+        device=env_str(f"{prefix}DEVICE", "") or None,
+        weights=env_str(f"{prefix}WEIGHTS", "auto"),
+        kv_cache=env_str(f"{prefix}KV_CACHE", "auto"),
+        cpu_kernels=env_str(f"{prefix}CPU_KERNELS", "auto"),
+        q4_activations=env_str(f"{prefix}Q4_ACTIVATIONS", "int8"),
+        int4_gemm=env_str(f"{prefix}INT4_GEMM", "auto"),
+        cache_dir=Path(env_str(f"{prefix}CACHE_DIR", "") or default_cache_dir()),
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(str(exc)) from None
+    return config

@@ -19,6 +19,7 @@ from webapp.env import (
     env_json,
     env_list,
     env_str,
+    load_config,
     persisted_secret,
 )
 
@@ -173,6 +174,9 @@ ROUNDTRIP_PREFILL_CHUNK = env_int("ROUNDTRIP_PREFILL_CHUNK", 128)
 ROUNDTRIP_PREFILL_CHUNK_DECODING = env_int("ROUNDTRIP_PREFILL_CHUNK_DECODING", 4)
 ROUNDTRIP_DECODE_GAP_STRETCH = env_float_or_off("ROUNDTRIP_DECODE_GAP_STRETCH", 1.75, minimum=1.0)
 ROUNDTRIP_PREFIX_CACHE_BYTES = env_bytes("ROUNDTRIP_PREFIX_CACHE_BYTES", 128 * 1024**2)
+# How a worker loads its models (device, weight format, KV cache, our CPU kernels, the cache of converted weights),
+# checked here so a mistyped value stops the start naming the variable and its choices.
+ROUNDTRIP_LOAD = load_config("ROUNDTRIP_")
 ROUNDTRIP_WORKER_TIMEOUT = env_int(
     "ROUNDTRIP_WORKER_TIMEOUT", 120
 )  # seconds without a word from a worker that still beats

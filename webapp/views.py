@@ -6,19 +6,17 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from webapp.gateway.routing import configured_models
-from webapp.worker import registry
+from webapp.catalog import configured_models
+from webapp.worker import registry, wire
 
 
 def health(request: HttpRequest) -> JsonResponse:
     """Whether each model is loaded and held by a live worker (with load progress), and which workers are alive."""
     statuses = {route.id: registry.model_load(route.id) for route in configured_models()}
-    ready = all(s.get("state") == "ready" for s in statuses.values())
-    workers = [
-        {"worker": w["worker"], "host": w["host"], "pid": w["pid"], "models": w["models"]}
-        for w in registry.live_workers()
-    ]
-    return JsonResponse({"ready": ready, "models": statuses, "workers": workers}, status=200 if ready else 503)
+    ready = all(s.state == "ready" for s in statuses.values())
+    workers = [{"worker": w.worker, "host": w.host, "pid": w.pid, "models": w.models} for w in registry.live_workers()]
+    body = wire.plain({"ready": ready, "models": statuses, "workers": workers})
+    return JsonResponse(body, status=200 if ready else 503)
 
 
 def _error(request: HttpRequest, status: int, message: str, kind: str, code: str) -> HttpResponse:

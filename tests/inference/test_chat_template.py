@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from load_settings import cpu
 
 from inference.chat_template import ChatTemplate, Message
 from inference.errors import ContextLengthExceededError, InvalidRequestError, ModelFileError
@@ -87,7 +88,7 @@ def test_the_sandbox_blocks_reaching_python_internals(smollm2: LoadedModel) -> N
 
 
 def test_a_file_without_a_template_falls_back_to_chatml(write_gguf: Any) -> None:
-    loaded = load_model(str(write_gguf(chat_template=None)), device="cpu", use_cache=False)
+    loaded = load_model(str(write_gguf(chat_template=None)), cpu())
     prompt = loaded.chat_template.render([{"role": "user", "content": "hi"}])
     assert prompt.text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 

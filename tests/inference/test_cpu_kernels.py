@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference import cpu_kernels, weights_cache
+from inference import cpu_kernels
+from inference.load_config import CPU_KERNELS, default_cache_dir
 from inference.weights import Int4Q8, Q4Blocks, WeightFormat, build, restore
 
 pytestmark = pytest.mark.skipif(
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernel() -> None:
-    assert cpu_kernels.load(weights_cache.cache_dir()), "the kernels did not build or load"
+    assert cpu_kernels.load(default_cache_dir()), "the kernels did not build or load"
 
 
 def _blocks(n: int, k: int, seed: int = 0) -> Q4Blocks:
@@ -42,12 +43,14 @@ def test_it_multiplies_like_the_dequantized_weights_up_to_rounding(
     assert (got - expected).abs().max() <= tolerance * expected.abs().max()
 
 
-def test_the_activation_setting_is_checked_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ROUNDTRIP_Q4_ACTIVATIONS", "int8x2")
-    assert cpu_kernels.activation_parts() == 2
-    monkeypatch.setenv("ROUNDTRIP_Q4_ACTIVATIONS", "int16")
-    with pytest.raises(ValueError, match="ROUNDTRIP_Q4_ACTIVATIONS='int16'"):
-        cpu_kernels.activation_parts()
+def test_the_activation_setting_is_checked_by_name() -> None:
+    try:
+        cpu_kernels.use_activations("int8x2")
+        assert cpu_kernels.activation_parts() == 2
+        with pytest.raises(ValueError, match="ROUNDTRIP_Q4_ACTIVATIONS='int16'"):
+            cpu_kernels.use_activations("int16")
+    finally:
+        cpu_kernels.use_activations("int8")
 
 
 @pytest.mark.parametrize("parts", [1, 2])
@@ -220,6 +223,10 @@ def test_the_kernel_setting_is_checked_by_name() -> None:
     assert cpu_kernels.isa("off") is None
     with pytest.raises(ValueError, match="ROUNDTRIP_CPU_KERNELS='sse4'"):
         cpu_kernels.isa("sse4")
+
+
+def test_the_settings_choices_are_the_instruction_sets_built_for() -> None:
+    assert set(CPU_KERNELS) == {"auto", "off"} | {isa.name for isa in cpu_kernels.ISAS}
 
 
 def test_it_is_built_for_an_instruction_set_this_cpu_has() -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from forward import last_logits
 
+from inference.load_config import LoadConfig
 from inference.loader import LoadedModel, load_model
 from inference.params import SamplingParams
 from inference.pipeline import ChatPipeline
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.hardware("cuda")
 
 @pytest.fixture(scope="module")
 def on_gpu() -> LoadedModel:
-    return load_model(device="cuda")
+    return load_model(settings=LoadConfig(device="cuda"))
 
 
 def test_it_runs_bf16_on_the_gpu(on_gpu: LoadedModel) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
+from load_settings import cpu
 
 from inference.errors import ModelFileError
 from inference.gguf_file import GGUFFile
@@ -26,7 +27,7 @@ def test_it_loads_each_tensor_type_as_ggufs_own_dequantization(write_gguf: Any, 
     # K-quants pack 256 values per block, so their rows need a width of 256.
     width = 256 if qtype in K_TYPES else 64
     path = write_gguf(linear_type=qtype, dim=width, ffn_dim=width)
-    loaded = load_model(str(path), device="cpu", use_cache=False)
+    loaded = load_model(str(path), cpu())
     gguf = GGUFFile(path)
     assert gguf.tensor_type("blk.0.attn_q.weight") == qtype
     expected = gguf.dequantize("blk.1.ffn_down.weight")
@@ -37,8 +38,8 @@ def test_it_loads_each_tensor_type_as_ggufs_own_dequantization(write_gguf: Any, 
 
 
 def test_quantized_weights_stay_close_to_the_originals(write_gguf: Any) -> None:
-    exact = load_model(str(write_gguf("a.gguf", linear_type=Q.F32)), device="cpu", use_cache=False)
-    q8 = load_model(str(write_gguf("b.gguf", linear_type=Q.Q8_0)), device="cpu", use_cache=False)
+    exact = load_model(str(write_gguf("a.gguf", linear_type=Q.F32)), cpu())
+    q8 = load_model(str(write_gguf("b.gguf", linear_type=Q.Q8_0)), cpu())
     a, b = exact.model.blk[0].attn_qkv.weight, q8.model.blk[0].attn_qkv.weight
     assert (a - b).abs().max() < 0.02 * a.abs().max()
 
@@ -57,14 +58,14 @@ def test_the_default_model_is_smollm2_from_the_wheel(smollm2: Any) -> None:
 def test_an_unknown_architecture_is_named(write_gguf: Any) -> None:
     path = write_gguf(architecture="mamba")
     with pytest.raises(ModelFileError, match="unsupported architecture 'mamba'") as info:
-        load_model(str(path), use_cache=False)
+        load_model(str(path), cpu())
     assert str(path) in str(info.value)
 
 
 def test_a_missing_tensor_is_named(write_gguf: Any) -> None:
     path = write_gguf(omit_tensors=["blk.1.ffn_up.weight"])
     with pytest.raises(ModelFileError, match=r"tensor 'blk.1.ffn_up.weight' is missing"):
-        load_model(str(path), use_cache=False)
+        load_model(str(path), cpu())
 
 
 def test_a_truncated_file_is_reported(write_gguf: Any) -> None:
@@ -72,7 +73,7 @@ def test_a_truncated_file_is_reported(write_gguf: Any) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelFileError) as info:
-        load_model(str(path), use_cache=False)
+        load_model(str(path), cpu())
     assert str(path) in str(info.value)
 
 
@@ -80,7 +81,7 @@ def test_a_file_that_is_not_gguf_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "notes.gguf"
     path.write_text("hello, I am not a model")
     with pytest.raises(ModelFileError, match="not a readable GGUF file"):
-        load_model(str(path), use_cache=False)
+        load_model(str(path), cpu())
 
 
 def test_a_missing_file_is_reported(tmp_path: Path) -> None:
@@ -99,33 +100,35 @@ def test_a_file_without_hyper_parameters_is_reported(tmp_path: Path) -> None:
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ModelFileError, match="'llama.embedding_length' is missing"):
-        load_model(str(path), use_cache=False)
+        load_model(str(path), cpu())
 
 
 def test_loading_reports_progress_through_every_tensor(write_gguf: Any) -> None:
     events: list[LoadProgress] = []
-    load_model(str(write_gguf()), device="cpu", progress=events.append, use_cache=False)
+    load_model(str(write_gguf()), cpu(), events.append)
     dequant = [e for e in events if e.stage == "converting"]
     assert [e.done for e in dequant] == list(range(1, dequant[0].total + 1))
     assert events[-1].stage == "building" and events[-1].fraction == 1.0
 
 
-def test_the_second_load_comes_from_the_cache_with_the_same_weights(write_gguf: Any) -> None:
+def test_the_second_load_comes_from_the_cache_with_the_same_weights(write_gguf: Any, tmp_path: Path) -> None:
     path = str(write_gguf())
-    first = load_model(path, device="cpu")
-    second = load_model(path, device="cpu")
+    cached = cpu(use_cache=True, cache_dir=tmp_path / "cache")
+    first = load_model(path, cached)
+    second = load_model(path, cached)
     assert not first.from_cache and second.from_cache
     for (name, a), (_, b) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
         assert torch.equal(a, b), name
     assert second.tokenizer.encode("the heat").ids == first.tokenizer.encode("the heat").ids
 
 
-def test_replacing_the_file_misses_the_cache(write_gguf: Any) -> None:
+def test_replacing_the_file_misses_the_cache(write_gguf: Any, tmp_path: Path) -> None:
     path = write_gguf(seed=1)
-    load_model(str(path), device="cpu")
+    cached = cpu(use_cache=True, cache_dir=tmp_path / "cache")
+    load_model(str(path), cached)
     write_gguf(seed=2)  # same name, new weights
     os.utime(path, ns=(0, 10**18))
-    reloaded = load_model(str(path), device="cpu")
+    reloaded = load_model(str(path), cached)
     assert not reloaded.from_cache
     q_rows = reloaded.config.n_heads * reloaded.config.head_dim
     assert np.array_equal(
@@ -133,13 +136,11 @@ def test_replacing_the_file_misses_the_cache(write_gguf: Any) -> None:
     )
 
 
-def test_it_names_the_kv_cache_choices_for_a_mistyped_setting(monkeypatch: pytest.MonkeyPatch, write_gguf: Any) -> None:
-    monkeypatch.setenv("ROUNDTRIP_KV_CACHE", "fp8")
+def test_it_names_the_kv_cache_choices_for_a_mistyped_setting(write_gguf: Any) -> None:
     with pytest.raises(ModelFileError, match=r"ROUNDTRIP_KV_CACHE='fp8': use auto, float32, float16"):
-        load_model(str(write_gguf()), device="cpu", use_cache=False)
+        load_model(str(write_gguf()), cpu(kv_cache="fp8"))
 
 
-def test_the_kv_cache_setting_sets_the_caches_dtype(monkeypatch: pytest.MonkeyPatch, write_gguf: Any) -> None:
-    monkeypatch.setenv("ROUNDTRIP_KV_CACHE", "float16")
-    loaded = load_model(str(write_gguf()), device="cpu", use_cache=False)
+def test_the_kv_cache_setting_sets_the_caches_dtype(write_gguf: Any) -> None:
+    loaded = load_model(str(write_gguf()), cpu(kv_cache="float16"))
     assert loaded.model.new_cache(1, 4).k.dtype == torch.float16

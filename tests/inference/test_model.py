@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from load_settings import cpu
 from naive_llama import file_weights, kv_rounding, naive_logits
 
 from inference.batch import BatchPlan, Chunk
@@ -124,7 +125,7 @@ def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(
 
 
 def test_untied_output_weights_are_used(write_gguf: Any) -> None:
-    loaded = load_model(str(write_gguf(tied_embeddings=False)), device="cpu", use_cache=False)
+    loaded = load_model(str(write_gguf(tied_embeddings=False)), cpu())
     assert loaded.model.output is not loaded.model.token_embd
     ids = [1, 30, 31]
     expected = naive_logits(loaded.config, file_weights(loaded), ids, kv_rounding(loaded))
@@ -152,7 +153,7 @@ def test_with_the_decode_kernel_every_token_is_one_of_its_rows(tiny_model: Loade
 def served_smollm2() -> LoadedModel:
     """The real model as a server holds it by default here: int4 weights on our kernels (the tests' ROUNDTRIP_WEIGHTS
     is fp32, whose torch matrix multiplies round differently for different row counts)."""
-    return load_model(device="cpu", weights="int4")
+    return load_model(settings=cpu(weights="int4", use_cache=True))
 
 
 @pytest.mark.parametrize("cached", [0, 16, 32, 35])
@@ -182,9 +183,7 @@ def test_a_token_gets_the_same_bits_whatever_chunk_or_cache_hit_its_prompt_came_
 def test_a_decode_step_rotates_stores_and_attends_in_one_kernel_call_with_the_same_bits(write_gguf: Any) -> None:
     """The fused path (rope, cache write and decode attention in one call per layer) against the same step done by
     apply_rope, SlotCache.write and the decode kernel separately: same logits, same keys and values in the cache."""
-    model = load_model(
-        str(write_gguf(dim=128)), device="cpu", use_cache=False
-    ).model  # head_dim 32: the kernel's smallest
+    model = load_model(str(write_gguf(dim=128)), cpu()).model  # head_dim 32: the kernel's smallest
     a, b = [1, 40, 41, 42], [1, 90, 91]
     caches = [model.new_cache(2, 16) for _ in range(2)]
     for cache in caches:

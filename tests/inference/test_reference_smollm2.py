@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from forward import last_logits
+from load_settings import cpu
 
 from inference.loader import load_model
 from inference.params import SamplingParams
@@ -36,15 +37,13 @@ def test_the_seed_example_answers_new_delhi_and_stops_on_im_end(smollm2_pipeline
 @pytest.fixture(scope="module")
 def precise_pipeline() -> Iterator[ChatPipeline]:
     """The default format with our int4 kernel's activations in two int8 parts (`ROUNDTRIP_Q4_ACTIVATIONS=int8x2`)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ROUNDTRIP_Q4_ACTIVATIONS", "int8x2")
-        yield ChatPipeline(load_model(device="cpu", weights="auto"))
+    yield ChatPipeline(load_model(settings=cpu(weights="auto", use_cache=True, q4_activations="int8x2")))
 
 
 @pytest.fixture(scope="module")
 def default_pipeline() -> ChatPipeline:
     """The real model in the weight format a user gets by default (int4 on a CPU, chosen by measurement)."""
-    return ChatPipeline(load_model(device="cpu", weights="auto"))
+    return ChatPipeline(load_model(settings=cpu(weights="auto", use_cache=True)))
 
 
 @pytest.mark.parametrize(

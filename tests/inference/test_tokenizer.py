@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from load_settings import cpu
 
 from inference.errors import ModelFileError
 from inference.loader import LoadedModel, load_model
@@ -79,10 +80,10 @@ def test_pre_tokenization_follows_the_files_pre_type(pre: str, pieces: list[str]
 
 
 def test_a_llama3_style_file_loads(write_gguf: Any) -> None:
-    loaded = load_model(str(write_gguf(tokenizer_pre="llama-bpe")), device="cpu", use_cache=False)
+    loaded = load_model(str(write_gguf(tokenizer_pre="llama-bpe")), cpu())
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("12345 go").ids) == "12345 go"
 
 
 def test_an_unknown_pre_tokenizer_is_named(write_gguf: Any) -> None:
     with pytest.raises(ModelFileError, match="pre-tokenizer 'mystery' is not supported"):
-        load_model(str(write_gguf(tokenizer_pre="mystery")), device="cpu", use_cache=False)
+        load_model(str(write_gguf(tokenizer_pre="mystery")), cpu())

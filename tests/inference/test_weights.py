@@ -15,6 +15,7 @@ import pytest
 import torch
 from forward import last_logits
 from gguf import GGMLQuantizationType as Q
+from load_settings import cpu
 from naive_llama import file_weights, kv_rounding, naive_logits
 from tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -35,7 +36,7 @@ def q4_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _load(path: Path, weights: str) -> LoadedModel:
-    return load_model(str(path), device="cpu", use_cache=False, weights=weights)
+    return load_model(str(path), cpu(weights=weights))
 
 
 def _every_logit(loaded: LoadedModel, ids: list[int]) -> np.ndarray:
@@ -130,7 +131,7 @@ def test_the_real_model_in_a_compact_format_picks_the_fp32_models_tokens(smollm2
     """Against the float32 model (itself checked against a float64 re-computation in test_model.py), on the tokens
     that matter: the 20 likeliest. (An int4 head only ranks the vocabulary; far-off tokens' logits may be off by
     a few units, which changes no probability that anyone would see.)"""
-    compact = load_model(device="cpu", weights=weights)
+    compact = load_model(settings=cpu(weights=weights, use_cache=True))
     assert compact.weights.decode is WeightFormat(weights)
     ids = smollm2.tokenizer.encode("What's the capital of India? The capital of India is").ids
     ours, reference = last_logits(compact.model, ids), last_logits(smollm2.model, ids)

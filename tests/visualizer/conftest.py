@@ -16,10 +16,11 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from conftest import SERVICE_SKIP_PREFIX
 from django.test import override_settings
+from load_settings import CPU
 from loops import run_async
 
 from visualizer.routing import websocket_urlpatterns
-from webapp.gateway.routing import ModelRoute
+from webapp.catalog import ModelRoute
 from webapp.worker.service import serve
 
 APP = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
@@ -112,7 +113,7 @@ def with_worker(
                 worker.cancel()
                 await asyncio.gather(worker, return_exceptions=True)
 
-        with override_settings(ROUNDTRIP_MODELS=models, ROUNDTRIP_ANONYMOUS_LIMITS={}):
+        with override_settings(ROUNDTRIP_MODELS=models, ROUNDTRIP_ANONYMOUS_LIMITS={}, ROUNDTRIP_LOAD=CPU):
             run_async(main())
 
     yield run

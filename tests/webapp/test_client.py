@@ -9,9 +9,9 @@ from django.test import override_settings
 from loops import run_async
 
 from inference.params import SamplingParams
+from webapp.catalog import ModelRoute
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError
-from webapp.gateway.routing import ModelRoute
 
 ROUTE = ModelRoute("tiny", "", ())
 

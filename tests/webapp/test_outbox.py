@@ -8,7 +8,8 @@ from typing import Any
 
 from channels.layers import InMemoryChannelLayer
 
-from webapp.worker.service import Outbox
+from webapp.worker import wire
+from webapp.worker.outbox import Outbox
 
 
 async def _pending(layer: InMemoryChannelLayer, channel: str) -> int:
@@ -17,7 +18,7 @@ async def _pending(layer: InMemoryChannelLayer, channel: str) -> int:
 
 
 async def _drain(layer: InMemoryChannelLayer, channel: str) -> list[Any]:
-    return [(await layer.receive(channel))["n"] for _ in range(await _pending(layer, channel))]
+    return [(await layer.receive(channel))["ahead"] for _ in range(await _pending(layer, channel))]
 
 
 def test_a_steps_replies_are_held_until_settle_then_sent_in_order() -> None:
@@ -30,9 +31,9 @@ def test_a_steps_replies_are_held_until_settle_then_sent_in_order() -> None:
         def engine_step() -> tuple[int, int]:
             outbox.hold()
             for n in range(3):
-                outbox.emit("reply.a", {"type": "events", "n": n})
+                outbox.emit("reply.a", wire.Waiting(request_id="r", ahead=n))
             other = threading.Thread(
-                target=outbox.emit, args=("reply.b", {"type": "events", "n": 9})
+                target=outbox.emit, args=("reply.b", wire.Waiting(request_id="r", ahead=9))
             )  # another thread: not held
             other.start()
             other.join()
@@ -47,7 +48,7 @@ def test_a_steps_replies_are_held_until_settle_then_sent_in_order() -> None:
         held, sent = await asyncio.to_thread(engine_step)
         assert (held, sent) == (0, 1)
         assert await _drain(layer, "reply.a") == [0, 1, 2]
-        outbox.emit("reply.a", {"type": "events", "n": 3})  # after settle, replies go straight out again
+        outbox.emit("reply.a", wire.Waiting(request_id="r", ahead=3))  # after settle, replies go straight out again
         await asyncio.sleep(0.05)
         assert await _drain(layer, "reply.a") == [3]
         sender.cancel()

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from load_settings import cpu
 
 from inference.loader import load_model
 from inference.params import SamplingParams
 from inference.scheduler import SchedulerConfig
-from webapp.worker.protocol import params_to_dict
+from webapp.worker import wire
 from webapp.worker.runner import EngineRunner
 
 HI = [{"role": "user", "content": "the heat is on"}]
@@ -28,8 +29,9 @@ class Replies:
         self.ready: queue.Queue[str] = queue.Queue()
         self.sent_at: dict[int, float] = {}  # id(message) -> when the runner emitted it
 
-    def emit(self, channel: str, message: dict[str, Any]) -> None:
-        """Each trace event as its own {"type": "event"} message, as the web side's Generation reads them."""
+    def emit(self, channel: str, reply: wire.Reply) -> None:
+        """Each trace event as its own {"type": "event"} message; the rest as the channel layer carries them."""
+        message = wire.encode(reply)
         parts = (
             [{"type": "event", "request_id": message["request_id"], "event": e} for e in message["events"]]
             if message["type"] == "events"
@@ -58,25 +60,17 @@ def _finished(m: dict[str, Any]) -> bool:
     return m["type"] == "error" or (m["type"] == "event" and m["event"]["event"] == "finished")
 
 
-def _generate(request_id: str, max_tokens: int = 20, **extra: Any) -> dict[str, Any]:
-    params = params_to_dict(SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens))
-    return {
-        "type": "generate",
-        "model": "tiny",
-        "request_id": request_id,
-        "reply_to": f"reply.{request_id}",
-        "messages": HI,
-        "params": params,
-        "sent_at": time.time(),
-        **extra,
-    }
+def _generate(request_id: str, max_tokens: int = 20, **extra: Any) -> wire.Generate:
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens)
+    return wire.Generate(request_id=request_id, model="tiny", reply_to=f"reply.{request_id}", messages=HI, params=params,
+                         sent_at=time.time(), **extra)
 
 
 @pytest.fixture
 def runner(tiny_model_path: Path) -> Iterator[tuple[EngineRunner, Replies]]:
     replies = Replies()
     engine = EngineRunner(
-        {"tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False)},
+        {"tiny": lambda: load_model(str(tiny_model_path), cpu())},
         replies.ready.put,
         replies.emit,
         "control.x",
@@ -153,8 +147,8 @@ def test_a_model_that_fails_to_load_is_reported_and_the_others_still_load(
 ) -> None:
     replies = Replies()
     loaders = {
-        "broken": lambda: load_model(str(tmp_path / "missing.gguf")),
-        "tiny": lambda: load_model(str(tiny_model_path), device="cpu", use_cache=False),
+        "broken": lambda: load_model(str(tmp_path / "missing.gguf"), cpu()),
+        "tiny": lambda: load_model(str(tiny_model_path), cpu()),
     }
     engine = EngineRunner(
         loaders, replies.ready.put, replies.emit, "control.x", SchedulerConfig(max_batch=1, max_waiting=1)

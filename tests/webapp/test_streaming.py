@@ -12,16 +12,19 @@ import pytest
 from django.test import override_settings
 from loops import run_async
 
+from inference.params import SamplingParams
+
 from webapp.api.completions import choices_for, completion
 from webapp.api.protocol import ChatCompletionRequest
-from webapp.api.views import _complete, _stream
-from webapp.gateway.client import Generation
+from webapp.api.responses import chat_stream, complete
+from webapp.catalog import ModelRoute
+from webapp.gateway.client import ChoiceEvent, Generation
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, record_usage
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
-from webapp.gateway.routing import ModelRoute
 from webapp.usage.models import UsageRecord
+from webapp.worker import wire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROUTE = ModelRoute("tiny", "", ())
@@ -30,17 +33,18 @@ ROUTE = ModelRoute("tiny", "", ())
 class ScriptedGeneration(Generation):
     """A generation whose replies are scripted; `fail` raises where the worker would report an error."""
 
-    def __init__(self, events: list[dict[str, Any] | Exception]) -> None:
-        super().__init__(None, "chatcmpl-test", "reply.test", None)  # type: ignore[arg-type]
+    def __init__(self, events: list[wire.TraceEvent | Exception]) -> None:
+        request = wire.Generate(request_id="chatcmpl-test", model="tiny", reply_to="reply.test", messages=[], params=SamplingParams())
+        super().__init__(None, request, None)  # type: ignore[arg-type]
         self.script = events
         self.cancelled = False
 
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+    async def messages(self) -> AsyncIterator[wire.Waiting | ChoiceEvent]:
         for item in self.script:
             if isinstance(item, Exception):
                 raise item
             await asyncio.sleep(0)
-            yield {"type": "event", "event": item, "index": 0}
+            yield ChoiceEvent(0, item)
 
     async def cancel(self) -> None:
         self.cancelled = True
@@ -66,11 +70,11 @@ def _turn(generation: Generation) -> Turn:
 
 
 def _stream_of(generation: Generation) -> AsyncIterator[bytes]:
-    return _stream(_turn(generation), _request(), choices_for(1, False))
+    return chat_stream(_turn(generation), _request(), choices_for(1, False))
 
 
-SAMPLED = {"event": "sampled", "is_stop": False, "token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}
-TEXT = {"event": "text", "text": "Hi"}
+SAMPLED = wire.Sampled(t=0.0, step=1, token_id=5, token="Hi", bytes=[72, 105], logprob=-0.1, rank=1, is_stop=False, duration=0.0)
+TEXT = wire.TextDelta(t=0.0, step=1, token_id=5, token="Hi", text="Hi", pending_bytes=[], held_text="")
 
 
 def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None:
@@ -150,7 +154,7 @@ def test_an_unexpected_exception_without_streaming_is_a_500_in_openais_shape_and
     generation = ScriptedGeneration([SAMPLED, TEXT, KeyError("internal detail")])
     turn = _turn(generation)
     choices = choices_for(1, False)
-    response = run_async(_complete(turn, choices, lambda created: completion(turn, created, choices)))
+    response = run_async(complete(turn, choices, lambda created: completion(turn, created, choices)))
     assert response.status_code == 500
     error = json.loads(response.content)["error"]
     assert error["type"] == "server_error" and "internal detail" not in error["message"]

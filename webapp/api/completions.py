@@ -14,6 +14,7 @@ from typing import Any
 
 from webapp.api.tool_calls import CallDelta, ToolCallParser
 from webapp.gateway.lifecycle import Turn
+from webapp.worker import wire
 
 
 @dataclass
@@ -35,34 +36,24 @@ class Choice:
     pending: list[dict[str, Any]] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
-    finished: dict[str, Any] | None = None
+    finished: wire.Finished | None = None
     parser: ToolCallParser = field(default_factory=ToolCallParser)
 
-    def feed(self, event: dict[str, Any]) -> Piece | None:
-        kind = event["event"]
-        if kind == "sampled":
-            if self.want_logprobs and not event["is_stop"]:
-                self.pending.append(
-                    {
-                        "token": event["token"],
-                        "logprob": event["logprob"],
-                        "bytes": event["bytes"],
-                        "top_logprobs": [
-                            {"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
-                            for t in event["top_logprobs"]
-                        ],
-                    }
-                )
+    def feed(self, event: wire.TraceEvent) -> Piece | None:
+        if isinstance(event, wire.Sampled):
+            if self.want_logprobs and not event.is_stop:
+                top = [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in event.top_logprobs]
+                self.pending.append({"token": event.token, "logprob": event.logprob, "bytes": event.bytes, "top_logprobs": top})
             return None
-        if kind not in ("text", "finished"):
+        if not isinstance(event, (wire.TextDelta, wire.Finished)):
             return None
-        text = event.get("text", "") if kind == "text" else ""
+        text = event.text if isinstance(event, wire.TextDelta) else ""
         calls: list[CallDelta] = []
         if self.tools:
             text, calls = self.parser.feed(text)
-            if kind == "finished":
+            if isinstance(event, wire.Finished):
                 text += self.parser.finish()
-        if kind == "finished":
+        if isinstance(event, wire.Finished):
             self.finished = event
         piece = Piece(text, self.pending, calls)
         self.pending = []
@@ -74,7 +65,7 @@ class Choice:
     def finish_reason(self) -> str:
         if self.finished is None:
             return "cancelled"
-        reason = str(self.finished["finish_reason"])
+        reason = self.finished.finish_reason
         return "tool_calls" if reason == "stop" and self.parser.calls else reason
 
     @property
@@ -106,19 +97,19 @@ def timings(turn: Turn) -> dict[str, Any]:
         out["ttft_ms"] = round((turn.usage.first_token_at - ctx.started) * 1000, 3)
     finished = turn.usage.finished.get(0)
     if finished:
-        t = finished["timings"]
+        t = finished.timings
         out |= {
-            "queue_ms": round(t["queue"] * 1000, 3),
-            "tokenize_ms": round(t["tokenize"] * 1000, 3),
-            "prefill_ms": round(t["prefill"] * 1000, 3),
-            "prefill_saved_ms": round(t["prefill_saved"] * 1000, 3),
-            "cached_tokens": finished["cached_tokens"],
-            "max_batch_size": finished["max_batch_size"],
-            "decode_ms": round(t["decode"] * 1000, 3),
-            "engine_ttft_ms": round(t["ttft"] * 1000, 3),
-            "mean_itl_ms": None if t["mean_itl"] is None else round(t["mean_itl"] * 1000, 3),
-            "tokens_per_s": t["decode_tokens_per_s"],
-            "seed": finished["seed"],
+            "queue_ms": round(t.queue * 1000, 3),
+            "tokenize_ms": round(t.tokenize * 1000, 3),
+            "prefill_ms": round(t.prefill * 1000, 3),
+            "prefill_saved_ms": round(t.prefill_saved * 1000, 3),
+            "cached_tokens": finished.cached_tokens,
+            "max_batch_size": finished.max_batch_size,
+            "decode_ms": round(t.decode * 1000, 3),
+            "engine_ttft_ms": round(t.ttft * 1000, 3),
+            "mean_itl_ms": None if t.mean_itl is None else round(t.mean_itl * 1000, 3),
+            "tokens_per_s": t.decode_tokens_per_s,
+            "seed": finished.seed,
         }
     out["total_ms"] = round((time.perf_counter() - ctx.started) * 1000, 3)
     return out

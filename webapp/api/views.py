@@ -9,7 +9,7 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -19,15 +19,9 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from webapp.api.completions import (
-    Choice,
-    Piece,
     choices_for,
-    chunk,
     completion,
-    sse,
-    text_chunk,
     text_completion,
-    timings,
 )
 from webapp.api.openapi import openapi_spec
 from webapp.api.protocol import (
@@ -38,20 +32,17 @@ from webapp.api.protocol import (
     json_body,
     parse,
 )
+from webapp.api.responses import chat_stream, complete, error_response, text_stream
+from webapp.catalog import configured_models
 from webapp.gateway import client
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import GatewayError
-from webapp.gateway.gateway import RequestContext, route_model
+from webapp.gateway.gateway import route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
 from webapp.gateway.lifecycle import Turn
-from webapp.gateway.routing import configured_models
 from webapp.header_limits import APP_HEADER_BYTES
+from webapp.worker import wire
 from webapp.worker.registry import model_load
-
-
-def _error(exc: GatewayError, ctx: RequestContext | None = None) -> JsonResponse:
-    headers = {**(ctx.headers() if ctx else {}), **exc.headers}
-    return JsonResponse(exc.body(), status=exc.status, headers=headers)
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
@@ -140,7 +131,7 @@ async def _refused(turn: Turn, exc: BaseException) -> JsonResponse:
     await turn.settle()
     if isinstance(exc, asyncio.CancelledError):
         raise exc
-    return _error(error, turn.ctx)
+    return error_response(error, turn.ctx)
 
 
 @api_view("POST", "chat.completions")
@@ -166,106 +157,8 @@ async def chat_completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     choices = choices_for(body.n, body.logprobs, tools=bool(body.offered_tools))
     if body.stream:
         headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingHttpResponse(_stream(turn, body, choices), content_type="text/event-stream", headers=headers)
-    return await _complete(turn, choices, lambda created: completion(turn, created, choices))
-
-
-async def _complete(turn: Turn, choices: list[Choice], answer: Callable[[int], dict[str, Any]]) -> HttpResponse:
-    """Collect every choice, then answer with the whole object; the turn is settled whatever happens."""
-    try:
-        async for message in turn.messages():
-            if message["type"] == "event":
-                choices[message["index"]].feed(message["event"])
-        result = answer(int(time.time()))
-        return JsonResponse(result, headers={**turn.ctx.headers(), "x-roundtrip-timings": json.dumps(timings(turn))})
-    except asyncio.CancelledError as exc:  # the client left: stop the model
-        turn.fail(exc)
-        raise
-    except Exception as exc:
-        return _error(turn.fail(exc), turn.ctx)
-    finally:
-        await turn.settle()
-
-
-async def _choice_events(turn: Turn, choices: list[Choice]) -> AsyncIterator[tuple[Choice, Piece | None]]:
-    """(choice, what it has to send) for every event; the piece is None when there is nothing to send."""
-    async for message in turn.messages():
-        if message["type"] == "event":
-            choice = choices[message["index"]]
-            yield choice, choice.feed(message["event"])
-
-
-async def _sse(turn: Turn, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """An SSE stream that always ends: an error after the start becomes an error event, then [DONE]; a client that
-    leaves stops the model within one token; the turn is settled in every case."""
-    try:
-        try:
-            async for event in events:
-                yield event
-        except Exception as exc:
-            yield sse(turn.fail(exc).body())
-        yield sse("[DONE]")
-    except (asyncio.CancelledError, GeneratorExit) as exc:
-        turn.fail(exc)
-        raise
-    finally:
-        await turn.settle()
-
-
-def _stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> AsyncIterator[bytes]:
-    """Chat chunks exactly as OpenAI's clients read them: per choice, the role chunk with its first output, content
-    and tool_calls deltas, then its finish chunk; the usage chunk last when asked for."""
-    created = int(time.time())
-    started: set[int] = set()
-
-    def opened(choice: Choice) -> list[bytes]:
-        if choice.index in started:
-            return []
-        started.add(choice.index)
-        return [
-            sse(
-                chunk(
-                    turn,
-                    created,
-                    {"role": "assistant", "content": ""},
-                    logprobs=[] if body.logprobs else None,
-                    index=choice.index,
-                )
-            )
-        ]
-
-    async def events() -> AsyncIterator[bytes]:
-        async for choice, piece in _choice_events(turn, choices):
-            if piece is not None:
-                for out in opened(choice):
-                    yield out
-                if piece.text or piece.logprobs:
-                    content = chunk(
-                        turn,
-                        created,
-                        {"content": piece.text},
-                        logprobs=piece.logprobs if body.logprobs else None,
-                        index=choice.index,
-                    )
-                    if body.continuous_usage:
-                        content["usage"] = turn.usage.as_openai()  # the running counts, as vLLM sends them
-                    yield sse(content)
-                if piece.calls:
-                    yield sse(
-                        chunk(turn, created, {"tool_calls": [d.as_delta() for d in piece.calls]}, index=choice.index)
-                    )
-            if choice.finished is not None and choice.index not in done:
-                done.add(choice.index)
-                for out in opened(choice):
-                    yield out
-                yield sse(
-                    chunk(turn, created, {}, choice.finish_reason, index=choice.index, roundtrip_timings=timings(turn))
-                )
-        if body.include_usage:
-            yield sse(chunk(turn, created, {}) | {"choices": [], "usage": turn.usage.as_openai()})
-
-    done: set[int] = set()
-    return _sse(turn, events())
+        return StreamingHttpResponse(chat_stream(turn, body, choices), content_type="text/event-stream", headers=headers)
+    return await complete(turn, choices, lambda created: completion(turn, created, choices))
 
 
 @api_view("POST", "completions")
@@ -286,38 +179,9 @@ async def completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     if body.stream:
         headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingHttpResponse(
-            _text_stream(turn, body, choices, echo), content_type="text/event-stream", headers=headers
+            text_stream(turn, body, choices, echo), content_type="text/event-stream", headers=headers
         )
-    return await _complete(turn, choices, lambda created: text_completion(turn, created, choices, body.logprobs, echo))
-
-
-def _text_stream(turn: Turn, body: CompletionRequest, choices: list[Choice], echo: str) -> AsyncIterator[bytes]:
-    created = int(time.time())
-
-    async def events() -> AsyncIterator[bytes]:
-        if echo:
-            for choice in choices:
-                yield sse(text_chunk(turn, created, choice, Piece(echo, []), body.logprobs))
-        async for choice, piece in _choice_events(turn, choices):
-            if piece is not None and (piece.text or piece.logprobs):
-                yield sse(text_chunk(turn, created, choice, piece, body.logprobs))
-            if choice.finished is not None and choice.index not in done:
-                done.add(choice.index)
-                yield sse(text_chunk(turn, created, choice, Piece("", []), body.logprobs, choice.finish_reason))
-        if body.include_usage:
-            yield sse(
-                {
-                    "id": turn.request_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": turn.ctx.route.id if turn.ctx.route else "",
-                    "choices": [],
-                    "usage": turn.usage.as_openai(),
-                }
-            )
-
-    done: set[int] = set()
-    return _sse(turn, events())
+    return await complete(turn, choices, lambda created: text_completion(turn, created, choices, body.logprobs, echo))
 
 
 @api_view("GET", "models")
@@ -333,7 +197,7 @@ async def models(request: HttpRequest, turn: Turn) -> HttpResponse:
             "created": 0,
             "owned_by": "roundtrip",
             "aliases": list(r.aliases),
-            "status": await sync_to_async(model_load)(r.id),
+            "status": wire.plain(await sync_to_async(model_load)(r.id)),
         }
         for r in configured_models()
         if identity.may_use(r.id)
@@ -352,17 +216,11 @@ async def tokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
         answer = await client.tokenize(route, body.text, body.chat_messages, body.tool_definitions)
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
-    turn.usage.prompt_tokens = len(answer["ids"])
+    turn.usage.prompt_tokens = len(answer.ids)
     await turn.settle()
-    out = {
-        "model": route.id,
-        "ids": answer["ids"],
-        "tokens": answer["tokens"],
-        "spans": answer["spans"],
-        "count": len(answer["ids"]),
-    }
+    out: dict[str, Any] = {"model": route.id, "ids": answer.ids, "tokens": answer.tokens, "spans": answer.spans, "count": len(answer.ids)}
     if body.messages is not None:
-        out |= {"prompt": answer["text"], "segments": answer["segments"]}
+        out |= {"prompt": answer.text, "segments": wire.plain(answer.segments)}
     return JsonResponse(out)
 
 

@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
 from webapp.benchmark.models import CSV_FIELDS, BenchResult
-from webapp.gateway.routing import configured_models
+from webapp.catalog import configured_models
 from webapp.worker import registry
 
 MAX_RESULT_BYTES = 2 * 1024 * 1024
@@ -142,9 +142,9 @@ def scheduler_state(request: HttpRequest) -> JsonResponse:
     """The engines' batch right now (from the workers' heartbeats, at most a second old), for the load chart."""
     models: dict[str, dict[str, Any]] = {}
     for worker in registry.live_workers():
-        for model_id, slots in worker["models"].items():
+        for model_id, slots in worker.models.items():
             m = models.setdefault(model_id, {"running": 0, "waiting": 0, "kv_usage": 0.0})
-            m["running"] += slots["running"]
-            m["waiting"] += slots["waiting"]
-            m["kv_usage"] = max(m["kv_usage"], slots["kv_usage"])
+            m["running"] += slots.running
+            m["waiting"] += slots.waiting
+            m["kv_usage"] = max(m["kv_usage"], slots.kv_usage)
     return JsonResponse({"models": models})

@@ -13,10 +13,11 @@ from typing import Any
 
 from django.conf import settings
 
+from webapp.catalog import ModelRoute
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.identity import Identity
 from webapp.gateway.limits import Limits, RateLimiter, RateState
-from webapp.gateway.routing import ModelRoute, resolve
+from webapp.gateway.routing import resolve
 from webapp.usage.models import UsageRecord
 
 

@@ -8,8 +8,9 @@ only translate: the API into JSON and SSE, the page into WebSocket frames. Failu
 `GatewayError` via `fail`, so an unexpected exception is a 500 `server_error` (logged here with its
 traceback, never shown to the client), not a crash or a silent stream.
 
-Observers (the staff watch page, the gateway's metrics) subscribe with `observe`; they hear every
-turn start, every trace event and every settlement.
+Observers (the gateway's metrics, the page's staff watch) subscribe with `observe`; they hear every turn about to
+generate (and may ask for its trace then), start, every trace event and every settlement. The gateway knows nothing
+of who they are.
 """
 
 from __future__ import annotations
@@ -26,21 +27,25 @@ from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
 
+from inference.params import SamplingParams
+from webapp.catalog import ModelRoute
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
 from webapp.gateway.identity import Identity
-from webapp.gateway.routing import ModelRoute
-from webapp.gateway.watch import anyone_watching
 from webapp.usage.models import UsageRecord
+from webapp.worker import wire
 
 log = logging.getLogger("roundtrip.gateway")
 
 
 class Observer(Protocol):
+    async def starting(self, turn: Turn) -> None:
+        """The turn is about to generate: an observer that needs its trace asks with `turn.trace_at_least`."""
+
     async def started(self, turn: Turn) -> None: ...
 
-    async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None: ...
+    async def event(self, turn: Turn, index: int, event: wire.TraceEvent) -> None: ...
 
     async def settled(self, turn: Turn, record: UsageRecord) -> None: ...
 
@@ -60,27 +65,26 @@ class Usage:
 
     prompt_tokens: int = 0
     sampled: dict[int, int] = field(default_factory=dict)  # choice -> tokens drawn
-    finished: dict[int, dict[str, Any]] = field(default_factory=dict)  # choice -> its finished event
+    finished: dict[int, wire.Finished] = field(default_factory=dict)  # choice -> its finished event
     first_token_at: float | None = None
 
-    def count(self, index: int, event: dict[str, Any]) -> None:
-        kind = event["event"]
-        if kind == "sampled":
+    def count(self, index: int, event: wire.TraceEvent) -> None:
+        if isinstance(event, wire.Sampled):
             self.sampled[index] = self.sampled.get(index, 0) + 1
             if self.first_token_at is None:
                 self.first_token_at = time.perf_counter()
-        elif kind == "finished":
+        elif isinstance(event, wire.Finished):
             self.finished[index] = event
-            self.prompt_tokens = event["prompt_tokens"]
+            self.prompt_tokens = event.prompt_tokens
 
     @property
     def completion_tokens(self) -> int:
-        return sum(self.finished[i]["completion_tokens"] if i in self.finished else n for i, n in self.sampled.items())
+        return sum(self.finished[i].completion_tokens if i in self.finished else n for i, n in self.sampled.items())
 
     @property
     def cached_tokens(self) -> int:
         first = self.finished.get(0)
-        return int(first["cached_tokens"]) if first else 0
+        return first.cached_tokens if first else 0
 
     def as_openai(self) -> dict[str, Any]:
         return {
@@ -103,7 +107,7 @@ class Turn:
         self.usage = Usage()
         self.status, self.error_code = 200, ""
         self.record: UsageRecord | None = None
-        self.watched = False  # staff were watching when it began to generate
+        self.level: wire.Level = "off"  # how much of its trace the worker sends
 
     @property
     def request_id(self) -> str:
@@ -123,22 +127,29 @@ class Turn:
         return self.ctx.route
 
     async def generate(
-        self, messages: list[dict[str, Any]], params: Any, level: str = "off", **options: Any
+        self, messages: list[dict[str, Any]], params: SamplingParams, level: wire.Level = "off", **options: Any
     ) -> client.Generation:
         """Stage 4 begins: the worker accepted the request (or GatewayError); observers hear of it.
 
-        While staff watch, an untraced request is traced at `summary`, so the watch page can show its every stage;
-        its own answer is the same (clients read only the events they always get)."""
+        `level` is what the interface asks of the trace; an observer may ask for more (`trace_at_least`) as the turn
+        starts. The answer is the same either way: interfaces read only the events they always get."""
         assert self.ctx.route is not None, "admit first"
-        self.watched = await anyone_watching()
-        if self.watched and level == "off":
-            level = "summary"
-        self.generation = await client.generate(self.ctx.route, messages, params, level, self.ctx.request_id, **options)
-        self.usage.prompt_tokens = int(self.generation.accepted.get("prompt_tokens", 0))
+        self.level = level
+        for observer in _observers:
+            await observer.starting(self)
+        self.generation = await client.generate(self.ctx.route, messages, params, self.level, self.ctx.request_id, **options)
+        accepted = self.generation.accepted
+        self.usage.prompt_tokens = accepted.prompt_tokens if accepted else 0
         self.ctx.worker = self.generation.worker or ""
         for observer in _observers:
             await observer.started(self)
         return self.generation
+
+    def trace_at_least(self, level: wire.Level) -> None:
+        """Before the turn generates: have the worker send at least this much of the trace."""
+        order: tuple[wire.Level, ...] = ("off", "summary", "full")
+        if order.index(level) > order.index(self.level):
+            self.level = level
 
     def gateway_report(self) -> dict[str, Any]:
         """What the gateway did, as the pipeline page shows it: who, which model on which channel, the limits and the
@@ -173,14 +184,14 @@ class Turn:
             "stages": [{"name": s.name, "ms": s.seconds * 1000} for s in self.ctx.stages],
         }
 
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        """The worker's replies until the end ("waiting" and {"type": "event", "event", "index"}), counted for the usage row."""
+    async def messages(self) -> AsyncIterator[wire.Waiting | client.ChoiceEvent]:
+        """The worker's replies until the end ("waiting" updates and each choice's events), counted for the usage row."""
         assert self.generation is not None, "generate first"
         async for message in self.generation.messages():
-            if message["type"] == "event":
-                self.usage.count(message["index"], message["event"])
+            if isinstance(message, client.ChoiceEvent):
+                self.usage.count(message.index, message.event)
                 for observer in _observers:
-                    await observer.event(self, message["index"], message["event"])
+                    await observer.event(self, message.index, message.event)
             yield message
         if self.generation.cancelled:
             self.status, self.error_code = 499, "cancelled"
@@ -214,16 +225,15 @@ class Turn:
         if self.generation is None:  # not a generation (tokenize, detokenize)
             return ""
         first = self.usage.finished.get(0)
-        return str(first["finish_reason"]) if first else "cancelled"
+        return first.finish_reason if first else "cancelled"
 
     @property
     def fingerprint(self) -> str | None:
         """OpenAI's system_fingerprint: which model file in which weight format answered; a seed reproduces a
         result only under the same fingerprint. (Every streamed chunk carries it: hashed once per turn.)"""
-        if self.generation is None or self.ctx.route is None:
+        if self.generation is None or self.generation.accepted is None or self.ctx.route is None:
             return None
-        weights = str(self.generation.accepted.get("weights", ""))
-        return _fingerprint(self.ctx.route.id, weights)
+        return _fingerprint(self.ctx.route.id, self.generation.accepted.weights)
 
     async def settle(self) -> UsageRecord:
         """Stage 5, exactly once: stop what still runs, write the usage row, tell the observers."""

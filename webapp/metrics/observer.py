@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from webapp.metrics import metrics
+from webapp.worker import wire
 
 if TYPE_CHECKING:
     from webapp.gateway.lifecycle import Turn
@@ -12,10 +13,13 @@ if TYPE_CHECKING:
 
 
 class GatewayMetrics:
+    async def starting(self, turn: Turn) -> None:
+        pass
+
     async def started(self, turn: Turn) -> None:
         pass
 
-    async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None:
+    async def event(self, turn: Turn, index: int, event: wire.TraceEvent) -> None:
         pass
 
     async def settled(self, turn: Turn, record: UsageRecord) -> None:

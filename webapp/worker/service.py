@@ -5,8 +5,10 @@ The same `serve` runs inside Daphne (in-memory layer, the default) or as its own
 GPUs. Each worker consumes its own inbox (the channel its heartbeat names, where the
 gateway sends it work) and the shared work channel of every model it holds; it beats
 every second so the web side can route to it and notices within seconds when it dies.
-Replies from the engine thread pass through one outbox task, so each request's messages
-reach the channel layer in order.
+Every message is parsed into its wire class first (`webapp.worker.wire`); one that does
+not parse is answered with an error where it says where to, and logged, never fatal.
+Replies from the engine thread pass through one outbox (`webapp.worker.outbox`), so each
+request's messages reach the channel layer in order.
 """
 
 from __future__ import annotations
@@ -15,23 +17,21 @@ import asyncio
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
 
 from asgiref.sync import sync_to_async
-from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 
 from inference.loader import LoadedModel, load_model
-from inference.progress import LoadProgress, ProgressCallback, terminal_progress
+from inference.progress import LoadProgress, terminal_progress
 from inference.scheduler import SchedulerConfig
-from webapp.gateway.routing import ModelRoute, configured_models
-from webapp.worker import registry
-from webapp.worker.protocol import WorkerStatus
+from webapp.catalog import ModelRoute, configured_models
+from webapp.worker import registry, wire
+from webapp.worker.outbox import Outbox
 from webapp.worker.runner import EngineRunner
 
 log = logging.getLogger("roundtrip.worker")
@@ -50,80 +50,29 @@ def scheduler_config() -> SchedulerConfig:
     )
 
 
-def _publisher(model_id: str, terminal: ProgressCallback | None) -> ProgressCallback:
-    def publish(p: LoadProgress) -> None:
-        state = "ready" if p.stage == "building" and p.fraction == 1.0 else "loading"
-        registry.publish_load(
-            model_id, {"state": state, "stage": p.stage, "done": p.done, "total": p.total, "detail": p.detail}
-        )
+def loader(route: ModelRoute, show_progress: bool) -> Callable[[], LoadedModel]:
+    """A function that loads `route`'s model as `ROUNDTRIP_LOAD` says, publishing its progress for `/health`."""
+    terminal = terminal_progress() if show_progress else None
+
+    def progress(p: LoadProgress) -> None:
+        state: Literal["ready", "loading"] = "ready" if p.stage == "building" and p.fraction == 1.0 else "loading"
+        registry.publish_load(route.id, wire.ModelLoad(state=state, stage=p.stage, done=p.done, total=p.total, detail=p.detail))
         if terminal is not None:
             terminal(p)
 
-    return publish
+    def load() -> LoadedModel:
+        try:
+            loaded = load_model(route.path or None, settings.ROUNDTRIP_LOAD, progress)
+        except Exception as exc:
+            registry.publish_load(route.id, wire.ModelLoad(state="failed", detail=str(exc)))
+            raise
+        log.info("model %s ready: %s on %s (%s) in %.2fs", route.id, loaded.path, loaded.device, loaded.weights_description,
+                 loaded.load_seconds)
+        registry.publish_load(route.id, wire.ModelLoad(state="ready", stage="building", done=2, total=2, detail="ready",
+                                                       weights=loaded.weights_description, device=str(loaded.device)))
+        return loaded
 
-
-SETTLE_TIMEOUT = 0.02  # seconds the engine waits at most for the loop after a step
-SETTLE_ROUNDS = 6  # loop turns after the last send: channel receive, the consumer, the response body, the transport
-
-
-class Outbox:
-    """Hands replies from engine threads to the event loop and sends them in order."""
-
-    def __init__(self, layer: BaseChannelLayer, loop: asyncio.AbstractEventLoop) -> None:
-        self._layer = layer
-        self._loop = loop
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-        self.runner: EngineRunner | None = None
-        self._held: list[tuple[str, dict[str, Any]]] | None = None  # a step's replies, kept until `settle`
-        self._holder: int | None = None  # the thread whose replies are kept
-
-    def emit(self, channel: str, message: Mapping[str, Any]) -> None:
-        """Thread-safe: called from engine threads."""
-        if self._held is not None and threading.get_ident() == self._holder:
-            self._held.append((channel, dict(message)))
-            return
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (channel, dict(message)))
-
-    def hold(self) -> None:
-        """Engine thread, before it delivers a step: keep that thread's replies until `settle` hands them to the loop
-        all at once. One per stream, each woke the loop, which then took the interpreter from the engine thread in the
-        middle of the step's delivery, and back: a switch of threads each way per stream."""
-        self._holder = threading.get_ident()
-        self._held = []
-
-    def _put_all(self, items: list[tuple[str, dict[str, Any]]]) -> None:
-        for item in items:
-            self._queue.put_nowait(item)
-
-    def settle(self) -> None:
-        """Engine thread, after a step: wait (briefly) until the event loop has passed this step's replies on.
-
-        On a small machine the loop's work for a step (a reply per stream, each becoming an SSE chunk or a
-        socket frame) would otherwise land in the middle of the next forward, and every preemption of one of
-        torch's threads stalls the other at its next barrier: at 8 streams on 2 cores that cost 9 ms a step.
-        Done back to back, the same work costs only its own time."""
-        held, self._held = self._held or [], None
-        done = threading.Event()
-        self._loop.call_soon_threadsafe(self._put_all, [*held, ("", {"settled": done})])
-        done.wait(SETTLE_TIMEOUT)
-
-    async def run(self) -> None:
-        while True:
-            channel, message = await self._queue.get()
-            if not channel:  # a settle marker: let the consumers that were just woken run, then release the engine
-                for _ in range(SETTLE_ROUNDS):
-                    await asyncio.sleep(0)
-                message["settled"].set()
-                continue
-            try:
-                await self._layer.send(channel, message)
-            except ChannelFull:  # nobody is reading: the client is gone
-                if self.runner is not None:
-                    self.runner.cancel(message.get("request_id", ""))
-            except Exception:  # the layer failed: this request cannot be answered, the others may still be
-                log.exception("sending to %s failed; dropping that request", channel)
-                if self.runner is not None:
-                    self.runner.cancel(message.get("request_id", ""))
+    return load
 
 
 async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = True) -> None:
@@ -131,59 +80,18 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     layer = get_channel_layer()
     assert layer is not None, "CHANNEL_LAYERS is not configured"
     loop = asyncio.get_running_loop()
-    routes = routes or configured_models()
+    routes = routes or list(configured_models())
     outbox = Outbox(layer, loop)
     inbox = await layer.new_channel("inference-worker.")
     worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     ready = {route.id: asyncio.Event() for route in routes}
 
-    def loader(route: ModelRoute) -> Callable[[], LoadedModel]:
-        progress = _publisher(route.id, terminal_progress() if show_progress else None)
-
-        def load() -> LoadedModel:
-            try:
-                loaded = load_model(route.path or None, progress=progress)
-            except Exception as exc:
-                registry.publish_load(route.id, {"state": "failed", "detail": str(exc)})
-                raise
-            log.info(
-                "model %s ready: %s on %s (%s) in %.2fs",
-                route.id,
-                loaded.path,
-                loaded.device,
-                loaded.weights_description,
-                loaded.load_seconds,
-            )
-            registry.publish_load(
-                route.id,
-                {
-                    "state": "ready",
-                    "stage": "building",
-                    "done": 2,
-                    "total": 2,
-                    "detail": "ready",
-                    "weights": loaded.weights_description,
-                    "device": str(loaded.device),
-                },
-            )
-            return loaded
-
-        return load
-
     def on_ready(model_id: str) -> None:
         loop.call_soon_threadsafe(ready[model_id].set)
 
-    runner = EngineRunner(
-        {route.id: loader(route) for route in routes},
-        on_ready,
-        outbox.emit,
-        inbox,
-        scheduler_config(),
-        worker_id,
-        outbox.settle,
-        outbox.hold,
-    )
-    outbox.runner = runner
+    loaders = {route.id: loader(route, show_progress) for route in routes}
+    runner = EngineRunner(loaders, on_ready, outbox.emit, inbox, scheduler_config(), worker_id, outbox.settle, outbox.hold)
+    outbox.on_undeliverable = runner.cancel
     tasks = [
         asyncio.create_task(outbox.run()),
         asyncio.create_task(_heartbeat(worker_id, inbox, runner)),
@@ -202,14 +110,8 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
 async def _heartbeat(worker_id: str, inbox: str, runner: EngineRunner) -> None:
     """Tell the web side, every second, that this worker is alive and what it holds (from its first second)."""
     while True:
-        status: WorkerStatus = {
-            "worker": worker_id,
-            "channel": inbox,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "t": time.time(),
-            "models": runner.slots(),
-        }
+        status = wire.WorkerStatus(worker=worker_id, channel=inbox, host=socket.gethostname(), pid=os.getpid(), t=time.time(),
+                                   models=runner.slots())
         try:
             await sync_to_async(registry.beat, thread_sensitive=False)(status)
         except Exception:  # the cache is down: keep trying, the web side will call this worker dead meanwhile
@@ -234,84 +136,75 @@ async def _messages(layer: BaseChannelLayer, channel: str) -> AsyncIterator[dict
 async def _consume(
     layer: BaseChannelLayer, channel: str, model_id: str | None, runner: EngineRunner, ready: dict[str, asyncio.Event]
 ) -> None:
-    """Work for a model waits in its shared channel until the model is loaded; the worker's inbox takes any of its models."""
+    """Work for a model waits in its shared channel until the model is loaded; the worker's inbox takes any of its
+    models, and keeps taking cancels while a model loads."""
     if model_id is not None:
         await ready[model_id].wait()
     waiting: set[asyncio.Task[None]] = set()
-    async for message in _messages(layer, channel):
-        target = model_id or str(message.get("model", ""))
-        if target in ready and not ready[target].is_set():  # the inbox must keep taking cancels while a model loads
-            task = asyncio.create_task(_dispatch_when_ready(layer, message, target, runner, ready[target]))
-            waiting.add(task)
-            task.add_done_callback(waiting.discard)
+    async for data in _messages(layer, channel):
+        try:
+            message = wire.decode_request(data)
+        except wire.WireError as exc:
+            await _refuse_malformed(layer, data, exc)
             continue
-        await _dispatch(layer, message, target, runner, target in ready)
+        if isinstance(message, wire.Question):
+            target = model_id or message.model
+            if target in ready and not ready[target].is_set():
+                task = asyncio.create_task(_dispatch_when_ready(layer, message, target, runner, ready[target]))
+                waiting.add(task)
+                task.add_done_callback(waiting.discard)
+                continue
+        await _dispatch(layer, message, model_id, runner, ready)
 
 
 async def _dispatch_when_ready(
-    layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, ready: asyncio.Event
+    layer: BaseChannelLayer, message: wire.AnyRequest, model_id: str, runner: EngineRunner, ready: asyncio.Event
 ) -> None:
     await ready.wait()
-    await _dispatch(layer, message, model_id, runner, True)
+    await _dispatch(layer, message, model_id, runner, {model_id: ready})
 
 
 async def _dispatch(
-    layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool
+    layer: BaseChannelLayer, message: wire.AnyRequest, model_id: str | None, runner: EngineRunner, ready: dict[str, asyncio.Event]
 ) -> None:
-    """Hand one message to the runner; a malformed one is logged, never fatal."""
+    """Hand one message to the runner; a failure is answered (when the message says where) and logged, never fatal."""
     try:
-        await _route(layer, message, model_id, runner, held)
+        match message:
+            case wire.Cancel(request_id):
+                runner.cancel(request_id)
+            case wire.Next(request_id):
+                runner.next_token(request_id)
+            case wire.Question():
+                await _answer(layer, message, model_id or message.model, runner, held=(model_id or message.model) in ready)
     except Exception:
-        log.exception("bad message for %s", model_id)
+        log.exception("handling %s %s failed", type(message).__name__, message.request_id)
 
 
-async def _route(
-    layer: BaseChannelLayer, message: dict[str, Any], model_id: str, runner: EngineRunner, held: bool
-) -> None:
-    kind = message.get("type")
-    if kind == "cancel":
-        runner.cancel(str(message.get("request_id", "")))
-        return
-    if kind == "next":
-        runner.next_token(str(message.get("request_id", "")))
-        return
+async def _answer(layer: BaseChannelLayer, message: wire.Generate | wire.OneShot, model_id: str, runner: EngineRunner, held: bool) -> None:
     if not held:
-        await layer.send(
-            message["reply_to"],
-            {
-                "type": "error",
-                "request_id": message.get("request_id"),
-                "status": 404,
-                "code": "model_not_found",
-                "message": f"This worker does not hold {model_id!r}.",
-                "param": "model",
-            },
-        )
+        error = wire.Error(request_id=message.request_id, status=404, code="model_not_found", param="model",
+                           message=f"This worker does not hold {model_id!r}.")
+    elif model_id in runner.failures:
+        error = wire.Error(request_id=message.request_id, status=503, code="model_unavailable",
+                           message=f"The model {model_id!r} could not be loaded: {runner.failures[model_id]}")
+    elif isinstance(message, wire.Generate):
+        runner.submit(model_id, message)
         return
-    if model_id in runner.failures:
-        reason = f"The model {model_id!r} could not be loaded: {runner.failures[model_id]}"
-        await layer.send(
-            message["reply_to"],
-            {
-                "type": "error",
-                "request_id": message.get("request_id"),
-                "status": 503,
-                "code": "model_unavailable",
-                "message": reason,
-                "param": None,
-            },
-        )
-    elif kind == "generate":
-        runner.submit(model_id, message)  # type: ignore[arg-type]
-    elif kind == "tokenize":
-        runner.tokenize(model_id, message)  # type: ignore[arg-type]
-    elif kind == "detokenize":
-        runner.detokenize(model_id, message)  # type: ignore[arg-type]
-    elif kind == "inspect":
-        runner.inspect(model_id, message)  # type: ignore[arg-type]
-    elif kind == "resample":
-        runner.resample(model_id, message)  # type: ignore[arg-type]
-    elif kind == "prompt_attention":
-        runner.prompt_attention(model_id, message)  # type: ignore[arg-type]
     else:
-        log.warning("ignoring message of type %r for %s", kind, model_id)
+        runner.ask(model_id, message)
+        return
+    await layer.send(message.reply_to, wire.encode(error))
+
+
+async def _refuse_malformed(layer: BaseChannelLayer, data: object, exc: wire.WireError) -> None:
+    """A message that is not one of the wire's: logged, and answered with an error when it names where to."""
+    request_id = data.get("request_id") if isinstance(data, dict) else None
+    reply_to = data.get("reply_to") if isinstance(data, dict) else None
+    log.error("malformed message %s: %s", request_id or "(no request id)", exc)
+    if isinstance(reply_to, str) and reply_to:
+        error = wire.Error(request_id=str(request_id or ""), status=400, code="malformed_message",
+                           message=f"The inference worker could not read this request: {exc}")
+        try:
+            await layer.send(reply_to, wire.encode(error))
+        except Exception:
+            log.exception("answering the malformed message %s failed", request_id)

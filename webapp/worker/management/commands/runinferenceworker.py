@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from webapp.gateway.routing import configured_models
+from webapp.catalog import configured_models
 from webapp.metrics.server import start as start_metrics
 from webapp.worker.service import serve
 

@@ -1,4 +1,10 @@
-"""Publishing gateway turns to staff who watch (ws/watch/): only when someone is, checked once per request."""
+"""The staff watch page's side of the gateway (ws/watch/): every turn, from any interface, published to staff who watch.
+
+The gateway knows nothing of this: `WatchObserver` subscribes to its turns (`webapp.gateway.lifecycle.observe`) and,
+while anyone watches, asks a starting turn for its trace at `summary` (an API request's answer is the same; its
+client reads only the events it always gets) and publishes the request, the gateway's checks, every trace event of
+its first choice and its usage row as the pipeline page's frames, each with its request id.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
+
+from webapp.worker import wire
 
 if TYPE_CHECKING:
     from webapp.gateway.lifecycle import Turn
@@ -36,34 +44,30 @@ async def anyone_watching() -> bool:
 async def publish(frame: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is not None:
-        await layer.group_send(WATCH_GROUP, {"type": "watch.frame", "frame": frame})
+        await layer.group_send(WATCH_GROUP, {"type": "watch.frame", "frame": wire.plain(frame)})
 
 
 class WatchObserver:
-    """Shows every gateway turn (API, page, benchmark) to staff on the watch page, while anyone watches (the turn asks
-    once, as it starts generating, and then traces an API request at `summary`): the request, the gateway's checks,
-    every trace event of its first choice and its usage row, as the pipeline page's frames, each with its request id."""
+    """Whether anyone watches is asked once per turn, as it is about to generate."""
 
     def __init__(self) -> None:
         self._watched: set[str] = set()
 
+    async def starting(self, turn: Turn) -> None:
+        if await anyone_watching():
+            self._watched.add(turn.request_id)
+            turn.trace_at_least("summary")
+
     async def started(self, turn: Turn) -> None:
-        if not turn.watched:
+        if turn.request_id not in self._watched:
             return
-        self._watched.add(turn.request_id)
         ctx = turn.ctx
-        await publish(
-            {
-                "type": "request",
-                "request_id": turn.request_id,
-                "source": ctx.identity.label if ctx.identity else "",
-                "model": ctx.route.id if ctx.route else "",
-                "endpoint": ctx.endpoint,
-            }
-        )
+        source = ctx.identity.label if ctx.identity else ""
+        await publish({"type": "request", "request_id": turn.request_id, "source": source,
+                       "model": ctx.route.id if ctx.route else "", "endpoint": ctx.endpoint})
         await publish({"type": "gateway", "request_id": turn.request_id, **turn.gateway_report()})
 
-    async def event(self, turn: Turn, index: int, event: dict[str, Any]) -> None:
+    async def event(self, turn: Turn, index: int, event: wire.TraceEvent) -> None:
         if turn.request_id in self._watched and index == 0:
             await publish({"type": "trace", "request_id": turn.request_id, "event": event})
 
