@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test check audit bench
+.PHONY: setup run test test-fast check audit bench
 
 setup: $(VENV)/.ready
 
@@ -26,8 +26,14 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Everything but the tests marked `live` (a server in a subprocess, a browser, a compiler): a change checked in seconds.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not live" $(PYTEST_ARGS)
+
 check: setup
 	$(BIN)/python -m mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Fails on a known vulnerability; packages the service cannot look up are listed as not audited.
 audit: setup

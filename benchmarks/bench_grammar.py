@@ -145,7 +145,8 @@ def main() -> None:
     eos = tok.special_ids["<|im_end|>"]
     print(f"vocabulary: {tok.vocab_size} tokens; {os.cpu_count()} CPUs")
     print(
-        f"{'library':<14} {'schema':<14} {'compile ms':>10} {'tokens':>6} {'mask p50 µs':>12} {'p99 µs':>8} {'mean µs':>8} {'request ms':>10}"
+        f"{'library':<14} {'schema':<14} {'compile ms':>10} {'tokens':>6} {'mask p50 µs':>12} {'p99 µs':>8} "
+        f"{'mean µs':>8} {'request ms':>10}"
     )
     for name, make in (
         ("llguidance", llguidance_builder),
@@ -171,7 +172,8 @@ def main() -> None:
             times.sort()
             p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
             print(
-                f"{name:<14} {label:<14} {compile_ms:>10.1f} {len(tokens):>6} {statistics.median(times):>12.1f} {p99:>8.1f} {statistics.mean(times):>8.1f} {compile_ms + sum(times) / 1000:>10.2f}"
+                f"{name:<14} {label:<14} {compile_ms:>10.1f} {len(tokens):>6} {statistics.median(times):>12.1f} "
+                f"{p99:>8.1f} {statistics.mean(times):>8.1f} {compile_ms + sum(times) / 1000:>10.2f}"
             )
     in_the_engine()
 

@@ -1,6 +1,7 @@
-"""Single-stream speed and memory: each weight format at each trace level, served, and beside llama.cpp on the same file.
+"""Single-stream speed and memory: each weight format at each trace level, served, and beside llama.cpp on the same
+file.
 
-    python benchmarks/bench_inference.py [--weights auto,int4,bf16,fp32,int8] [--skip-server] [--llamacpp-python PATH]
+    python benchmarks/bench_inference.py [--weights auto,int4,bf16,fp32,int8] [--skip-server] [--skip-llamacpp]
 
 1. In-process, one child process per weight format (so each peak RSS is its own): prefill
    tokens/s of a whole prompt per length, and greedy decode tokens/s of one request alone in
@@ -10,8 +11,9 @@
    read by a lean client, and again by httpx) and one chat turn over the page's WebSocket at
    `summary`, timed on the client from first to last token; the server's peak RSS. The in-process
    rate is measured again right after, and the served rates are compared with that one.
-3. llama.cpp's prefill and decode on the same file (`llamacpp_side.py`, in the virtualenv that
-   ../shared/tools/llamacpp-reference builds).
+3. llama.cpp at its best on the same file and threads (`llamacpp_reference.py`; ../shared/tools/llamacpp-reference
+   builds it): llama-bench's prompt processing and generation rates beside the in-process rows, and llama-server
+   streaming one answer, read by the same client, beside the served rate.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 from inference.chat_template import Message  # noqa: E402
 
-DEFAULT_LLAMACPP_PYTHON = Path.home() / ".cache" / "llamacpp-reference" / "venv" / "bin" / "python"
 FILLER = (
     "The history of the printing press begins in the fifteenth century, when movable type changed how "
     "books were made, sold and read across Europe. "
@@ -135,7 +136,8 @@ def run_child(weights: str, args: argparse.Namespace, prompt_tokens: str | None 
         return None
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     print(
-        f"  {weights:<6} {result['weights']}: decode off {result['decode']['off']:.1f} tok/s, peak RSS {result['peak_rss_mib']:.0f} MiB",
+        f"  {weights:<6} {result['weights']}: decode off {result['decode']['off']:.1f} tok/s, peak RSS "
+        f"{result['peak_rss_mib']:.0f} MiB",
         file=sys.stderr,
         flush=True,
     )
@@ -143,160 +145,93 @@ def run_child(weights: str, args: argparse.Namespace, prompt_tokens: str | None 
 
 
 async def served(n: int) -> dict[str, Any]:
-    """Start the server as a user would (default settings), stream one request over SSE and one over the page's socket."""
+    """Start the server as a user would (default settings), stream one request over SSE and one over the page's
+    socket."""
+    from benchmarks.bench_serving import roundtrip_server
+
+    with roundtrip_server(Path(tempfile.mkdtemp(prefix="roundtrip-bench-")), [32], "") as target:
+        return await _served_rates(target.url.removesuffix("/v1"), target.key, target.pid, n)
+
+
+async def _served_rates(url: str, key: str, pid: int, n: int) -> dict[str, Any]:
+    """One stream's decode rate, read three ways (interleaved, median of 3), and the server's peak RSS."""
     import httpx2 as httpx
     import websockets
+    from websockets.typing import Origin
 
-    from benchmarks.bench_serving import free_port, stop, wait_for
     from benchmarks.lean_stream import post_lines_blocking
+    from benchmarks.llamacpp_reference import is_token
 
-    workdir = Path(tempfile.mkdtemp(prefix="roundtrip-bench-"))
-    env = {**os.environ, "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"), "PYTHONUNBUFFERED": "1"}
-    python = sys.executable
-    subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
-    key = (
-        subprocess.run(
-            [
-                python,
-                "manage.py",
-                "createapikey",
-                "bench",
-                "--rpm",
-                "0",
-                "--tpm",
-                "0",
-                "--concurrent",
-                "0",
-                "--budget",
-                "0",
-            ],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .split()[-1]
-    )
-    port = free_port()
-    log = workdir / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(url, process, log)
-
-        body = {
-            "model": "smollm2",
-            "messages": STORY,
-            "temperature": 0,
-            "max_tokens": n + 1,
-            "ignore_eos": True,
-            "stream": True,
-        }
-
-        def is_token(line: bytes) -> bool:
-            return (
-                line.startswith(b"data: {") and b'"content"' in line and b'"content":""' not in line.replace(b" ", b"")
-            )
-
-        async def sse() -> float:
-            """Read by the benchmarks' lean client: on two cores, a client that parses every chunk in Python takes CPU time
-            from the server's own threads, and that cost belongs to the client, not to the serving path."""
-
-            def read() -> list[float]:
-                lines = post_lines_blocking(f"{url}/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
-                return [time.perf_counter() for line in lines if is_token(line)]
-
-            stamps = await asyncio.to_thread(read)
-            return (len(stamps) - 1) / (stamps[-1] - stamps[0])
-
-        async def sse_httpx() -> float:
-            """The same stream read by httpx line by line, as a Python application would."""
-            stamps = []
-            async with httpx.AsyncClient(timeout=300) as client, client.stream(
-                "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-            ) as r:
-                async for line in r.aiter_lines():
-                    if is_token(line.encode()):
-                        stamps.append(time.perf_counter())
-            return (len(stamps) - 1) / (stamps[-1] - stamps[0])
-
-        async def socket() -> float:
-            stamps = []
-            async with websockets.connect(f"ws://127.0.0.1:{port}/ws/pipeline/", origin=url, max_size=None) as ws:  # type: ignore[arg-type]
-                await ws.send(
-                    json.dumps(
-                        {
-                            "type": "chat",
-                            "messages": STORY,
-                            "level": "summary",
-                            "params": {"temperature": 0, "max_tokens": n + 1},
-                        }
-                    )
-                )
-                async for raw in ws:
-                    frame = json.loads(raw)
-                    if frame["type"] == "trace" and frame["event"]["event"] == "sampled":
-                        stamps.append(time.perf_counter())
-                    if frame["type"] in ("done", "error"):
-                        break
-            return (len(stamps) - 1) / (stamps[-1] - stamps[0])
-
-        await sse()  # warm-up
-        sse_rates, httpx_rates, socket_rates = [], [], []
-        for _ in range(3):  # interleaved, so a noisy moment does not land on one client alone
-            sse_rates.append(await sse())
-            httpx_rates.append(await sse_httpx())
-            socket_rates.append(await socket())
-        return {
-            "sse": statistics.median(sse_rates),
-            "sse_httpx": statistics.median(httpx_rates),
-            "websocket_summary": statistics.median(socket_rates),
-            "peak_rss_mib": peak_rss_mib(process.pid),
-        }
-    finally:
-        stop(process)
-
-
-def bench_llamacpp(
-    python: str, model: str, prompts: dict[str, list[int]], decode_prompt: list[int], n: int, repeats: int, threads: int
-) -> dict[str, Any] | None:
-    job = {
-        "model": model,
-        "prompts": prompts,
-        "decode_prompt": decode_prompt,
-        "decode_tokens": n,
-        "repeats": repeats,
-        "threads": threads,
+    body = {
+        "model": "smollm2",
+        "messages": STORY,
+        "temperature": 0,
+        "max_tokens": n + 1,
+        "ignore_eos": True,
+        "stream": True,
     }
-    try:
-        done = subprocess.run(
-            [python, str(Path(__file__).with_name("llamacpp_side.py"))],
-            input=json.dumps(job),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"llama.cpp side failed to run: {exc}", file=sys.stderr)
-        return None
-    if done.returncode != 0:
-        print(f"llama.cpp side failed:\n{done.stderr[-2000:]}", file=sys.stderr)
-        return None
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
 
+    async def sse() -> float:
+        """Read by the benchmarks' lean client: on two cores, a client that parses every chunk in Python takes CPU time
+        from the server's own threads, and that cost belongs to the client, not to the serving path."""
 
-def find_llamacpp_python(requested: str | None) -> str | None:
-    if requested == "none":
-        return None
-    if requested:
-        return requested
-    return str(DEFAULT_LLAMACPP_PYTHON) if DEFAULT_LLAMACPP_PYTHON.exists() else None
+        def read() -> list[float]:
+            lines = post_lines_blocking(f"{url}/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
+            return [time.perf_counter() for line in lines if is_token(line)]
+
+        stamps = await asyncio.to_thread(read)
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+    async def sse_httpx() -> float:
+        """The same stream read by httpx line by line, as a Python application would."""
+        stamps = []
+        async with (
+            httpx.AsyncClient(timeout=300) as client,
+            client.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r,
+        ):
+            async for line in r.aiter_lines():
+                if is_token(line.encode()):
+                    stamps.append(time.perf_counter())
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+    async def socket() -> float:
+        stamps = []
+        origin = Origin(url)
+        async with websockets.connect(
+            url.replace("http://", "ws://") + "/ws/pipeline/", origin=origin, max_size=None
+        ) as ws:
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "chat",
+                        "messages": STORY,
+                        "level": "summary",
+                        "params": {"temperature": 0, "max_tokens": n + 1},
+                    }
+                )
+            )
+            async for raw in ws:
+                frame = json.loads(raw)
+                if frame["type"] == "trace" and frame["event"]["event"] == "sampled":
+                    stamps.append(time.perf_counter())
+                if frame["type"] in ("done", "error"):
+                    break
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+    await sse()  # warm-up
+    sse_rates, httpx_rates, socket_rates = [], [], []
+    for _ in range(3):  # interleaved, so a noisy moment does not land on one client alone
+        sse_rates.append(await sse())
+        httpx_rates.append(await sse_httpx())
+        socket_rates.append(await socket())
+    return {
+        "sse": statistics.median(sse_rates),
+        "sse_httpx": statistics.median(httpx_rates),
+        "websocket_summary": statistics.median(socket_rates),
+        "peak_rss_mib": peak_rss_mib(pid),
+    }
 
 
 def main() -> None:
@@ -310,7 +245,7 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-server", action="store_true", help="skip the served (SSE, WebSocket) measurements")
-    parser.add_argument("--llamacpp-python", help="a Python with llama_cpp ('none' to skip)")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="leave out llama.cpp's column")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     lengths = [int(x) for x in args.prompt_tokens.split(",") if x]
@@ -320,28 +255,28 @@ def main() -> None:
 
     import torch
 
-    from inference.chat_template import ChatTemplate
-    from inference.gguf_file import GGUFFile
+    from benchmarks import llamacpp_reference
     from inference.loader import default_model_path
-    from inference.tokenizer import BPETokenizer
 
     path = default_model_path()
-    gguf = GGUFFile(path)
-    tokenizer = BPETokenizer(gguf.tokenizer_data(), path)
-    filler = tokenizer.encode(FILLER).ids
-    prompts = {str(n): (filler * (n // len(filler) + 1))[:n] for n in lengths}
-    decode_prompt = ChatTemplate(gguf.metadata["tokenizer.chat_template"], tokenizer, path=path).render(STORY).ids
-
     results = {w: r for w in args.weights.split(",") if (r := run_child(w, args)) is not None}
     server = None if args.skip_server else asyncio.run(served(args.decode_tokens))
     if server is not None:  # the in-process rate again, right after serving: a machine's speed drifts over minutes
         server["in_process"] = run_child("auto" if "auto" in results else next(iter(results)), args, prompt_tokens="")
-    python = find_llamacpp_python(args.llamacpp_python)
-    theirs = (
-        bench_llamacpp(python, path, prompts, decode_prompt, args.decode_tokens, args.repeats, torch.get_num_threads())
-        if python
-        else None
-    )
+    theirs = None
+    if not args.skip_llamacpp and llamacpp_reference.available():
+        threads = torch.get_num_threads()
+        theirs = llamacpp_reference.llama_bench(path, lengths, args.decode_tokens, threads, args.repeats)
+        if theirs is not None and server is not None:
+            theirs["served"] = llamacpp_reference.served_decode_rate(
+                path,
+                [{"role": m["role"], "content": str(m["content"])} for m in STORY],
+                args.decode_tokens,
+                threads,
+                args.repeats,
+            )
+    elif not args.skip_llamacpp:
+        print("llama.cpp not found: run ../shared/tools/llamacpp-reference for its column", file=sys.stderr)
     report(results, server, theirs, lengths, args.decode_tokens, path)
 
 
@@ -355,9 +290,10 @@ def report(
 ) -> None:
     import torch
 
-    ref = f"llama.cpp {theirs['version']}" if theirs else "llama.cpp: not built"
+    ref = f"{theirs['version']} (llama-bench pp/tg, same threads)" if theirs else "llama.cpp: not built"
     print(
-        f"\nmodel {path}\ntorch {torch.__version__}, {torch.get_num_threads()} threads; {ref}; tokens/s, higher is better"
+        f"\nmodel {path}\ntorch {torch.__version__}, {torch.get_num_threads()} threads; {ref}; tokens/s, higher is "
+        "better"
     )
     names = list(results)
     print(f"\n{'':<30}" + "".join(f"{w:>12}" for w in names) + f"{'llama.cpp':>12}")
@@ -377,13 +313,13 @@ def report(
         row(
             f"decode {n}, trace {level}",
             [results[w]["decode"][level] for w in names],
-            theirs["decode"] if theirs and level == "off" else None,
+            theirs["decode"] if theirs and level == "off" else None,  # llama-bench tg: generation, no trace
         )
     row("peak RSS, MiB (lower is better)", [results[w]["peak_rss_mib"] for w in names])
     print()
     for w in names:
         d = results[w]["decode"]
-        ratio = f", decode at summary / llama.cpp {d['summary'] / theirs['decode']:.2f}x" if theirs else ""
+        ratio = f", decode off / llama-bench tg {d['off'] / theirs['decode']:.2f}x" if theirs else ""
         print(
             f"{w} ({results[w]['weights']}): trace cost summary {100 * (d['off'] / d['summary'] - 1):+.1f}%, "
             f"full {d['off'] / d['full']:.2f}x the time of off{ratio}"
@@ -395,11 +331,19 @@ def report(
             f"\nin-process again right after serving: decode off {base['off']:.1f}, summary {base['summary']:.1f} tok/s"
         )
         print(
-            f"served (default settings): SSE {server['sse']:.1f} tok/s ({server['sse'] / base['off']:.0%} of in-process off), "
-            f"WebSocket at summary {server['websocket_summary']:.1f} tok/s ({server['websocket_summary'] / base['summary']:.0%} of in-process summary), "
-            f"server peak RSS {server['peak_rss_mib']:.0f} MiB\n  (SSE read by httpx line by line: {server['sse_httpx']:.1f} tok/s, "
+            f"served (default settings): SSE {server['sse']:.1f} tok/s ({server['sse'] / base['off']:.0%} of "
+            "in-process off), "
+            f"WebSocket at summary {server['websocket_summary']:.1f} tok/s "
+            f"({server['websocket_summary'] / base['summary']:.0%} of in-process summary), "
+            f"server peak RSS {server['peak_rss_mib']:.0f} MiB\n  (SSE read by httpx line by line: "
+            f"{server['sse_httpx']:.1f} tok/s, "
             f"{server['sse_httpx'] / base['off']:.0%}: the client's own parsing shares the two cores)"
         )
+        if theirs is not None and theirs.get("served"):
+            print(
+                f"llama-server streaming one answer, read by the same client: {theirs['served']:.1f} tok/s; "
+                f"Roundtrip's SSE / llama-server's: {server['sse'] / theirs['served']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

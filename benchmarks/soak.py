@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def prefix_cache_bytes(url: str) -> float:
-    from servers import metric_samples, metric_value  # type: ignore[import-not-found]
+    from servers import metric_samples, metric_value
 
     return metric_value(metric_samples(url), "roundtrip_prefix_cache_bytes")
 
@@ -128,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from servers import server_env, wait_ready
-    from tiny_gguf import write_tiny_gguf  # type: ignore[import-not-found]
+    from tiny_gguf import write_tiny_gguf
 
     work = Path(tempfile.mkdtemp(prefix="roundtrip-soak-"))
     path = str(write_tiny_gguf(work / "tiny.gguf")) if args.model == "tiny" else ""
@@ -169,7 +169,7 @@ def main() -> None:
         async def watch(stop: asyncio.Event) -> None:
             """Warm up until the prefix cache holds its budget (its designed growth), then sample RSS each minute."""
             warm_until = time.monotonic() + args.max_warmup * 60
-            while time.monotonic() < warm_until and prefix_cache_bytes(url) < 0.95 * budget:
+            while time.monotonic() < warm_until and prefix_cache_bytes(url) < 0.95 * budget:  # noqa: ASYNC110 (polls a server)
                 await asyncio.sleep(5)
             started = time.monotonic()
             while True:
@@ -196,12 +196,14 @@ def main() -> None:
         ids = Counter(r[0] for r in rows)
         ours = tally.request_ids - {""}
         print(
-            f"soak: {args.minutes:g} min after warm-up, {args.api} API + {args.ws} WebSocket clients, model {args.model}, "
+            f"soak: {args.minutes:g} min after warm-up, {args.api} API + {args.ws} WebSocket clients, model "
+            f"{args.model}, "
             f"prefix cache {budget / 1024**2:.0f} MiB, {os.cpu_count()} CPUs"
         )
         print(f"requests: {len(ours)} ({tally.left} left mid-stream); statuses: {dict(sorted(tally.statuses.items()))}")
         print(
-            f"usage rows for them: {sum(ids[r] for r in ours)}; requests without exactly one row: {sum(ids[r] != 1 for r in ours)}"
+            f"usage rows for them: {sum(ids[r] for r in ours)}; requests without exactly one row: "
+            f"{sum(ids[r] != 1 for r in ours)}"
         )
         print(f"5xx rows: {sum(1 for _, status in rows if status >= 500)}")
         print("minute  RSS MiB  prefix cache MiB")
@@ -209,7 +211,8 @@ def main() -> None:
             print(f"{minute:6.1f}  {rss:7.0f}  {cache:16.1f}")
         before, after = samples[0][1], samples[-1][1]
         print(
-            f"server RSS: {before:.0f} MiB after warm-up, {after:.0f} MiB at the end ({(after - before) / before * 100:+.1f} %)"
+            f"server RSS: {before:.0f} MiB after warm-up, {after:.0f} MiB at the end "
+            f"({(after - before) / before * 100:+.1f} %)"
         )
     finally:
         server.terminate()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from inference.chat_template import Message
 from inference.errors import InferenceError
@@ -34,10 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     for option in dataclasses.fields(LoadConfig):  # how the model loads: the server's ROUNDTRIP_* settings, as options
         if option.name != "use_cache":
             default = getattr(defaults, option.name)
-            parser.add_argument(f"--{option.name.replace('_', '-')}", default=default, type=type(default) if default else None,
-                                help=f"as ROUNDTRIP_{option.name.upper()} (default: {default or 'cuda when present, else cpu'})")
+            kind: Callable[[str], Any] = type(default) if default is not None else str
+            parser.add_argument(
+                f"--{option.name.replace('_', '-')}",
+                default=default,
+                type=kind,
+                help=f"as ROUNDTRIP_{option.name.upper()} (default: {default or 'cuda when present, else cpu'})",
+            )
     args = parser.parse_args(argv)
-    settings = LoadConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LoadConfig) if f.name != "use_cache"})
+    settings = LoadConfig(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(LoadConfig) if f.name != "use_cache"}
+    )
     try:
         loaded = load_model(args.model, settings, progress=terminal_progress())
         print(

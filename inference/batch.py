@@ -143,7 +143,8 @@ def _groups(
 
 
 def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
-    """A boolean mask as the additive one attention adds to its scores (0 where visible, -inf elsewhere), made once per forward."""
+    """A boolean mask as the additive one attention adds to its scores (0 where visible, -inf elsewhere), made once per
+    forward."""
     return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
 

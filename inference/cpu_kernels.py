@@ -17,7 +17,8 @@ The library is compiled once per torch build, source and instruction set, in a c
 inference.cpu_kernels_build PATH ISA`, about 30 s), cached beside the weights, and loaded as torch operators. It is
 built for the best instruction set this CPU has (`ISAS`: AVX512-VNNI with AMX, AVX512-VNNI, else AVX2; `simd.h` writes
 each kernel once for the vector units). With AMX, `q4_mm` also has a tile path, bit for bit the same, used from a batch
-size measured at load (`choose_amx_rows`). A CPU with neither, a failed build, or `ROUNDTRIP_CPU_KERNELS=off` leaves it out, and the model runs on
+size measured at load (`choose_amx_rows`). A CPU with neither, a failed build, or `ROUNDTRIP_CPU_KERNELS=off` leaves it
+out, and the model runs on
 torch's own kernels; whether `q4_mm` replaces torch's int4 kernels is measured (`inference.weight_choice`).
 """
 
@@ -115,7 +116,8 @@ def loaded_isa() -> str | None:
 
 
 def describe() -> str:
-    """The loaded kernels, for the weights' description: the instruction set, and from which batch size q4_mm uses AMX."""
+    """The loaded kernels, for the weights' description: the instruction set, and from which batch size q4_mm uses
+    AMX."""
     if _loaded is None:
         return "not loaded"
     rows = amx_from_rows()
@@ -217,7 +219,8 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
 
 
 def q4_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
-    """float32 y [M, N] = x [M, K] @ W.T, with x rounded per group of 32 to `parts` int8 parts (see `activation_parts`)."""
+    """float32 y [M, N] = x [M, K] @ W.T, with x rounded per group of 32 to `parts` int8 parts (see
+    `activation_parts`)."""
     y: Tensor = torch.ops.roundtrip.q4_mm(x, packed, out_features, parts)
     return y
 
@@ -269,7 +272,8 @@ def roped_decode_attention(
     """A decode step's attention in one call: qkv [n, (H + 2 KV) * hd] as the projection gives it; rotations [n, R, 2]
     (RoPE's cos and sin at each row's position). Rotates queries and keys as `inference.model.apply_rope` does (the same
     bits), stores keys and values at position lengths[i] - 1 of slot slots[i] in one layer of the cache [slots, KV,
-    capacity, hd], in place, and attends row i over its slot's first lengths[i] positions. Returns [n, H * hd], float32."""
+    capacity, hd], in place, and attends row i over its slot's first lengths[i] positions. Returns [n, H * hd],
+    float32."""
     y: Tensor = torch.ops.roundtrip.roped_decode_attention(qkv, rotations, keys, values, slots, lengths, heads, scale)
     return y
 

@@ -44,7 +44,8 @@ class PromptFarTooLongError(ContextLengthExceededError):
     def __init__(self, what: str, limit: int) -> None:
         InvalidRequestError.__init__(
             self,
-            f"This model's maximum context length is {limit} tokens, and {what} cannot fit in it. Shorten the messages.",
+            f"This model's maximum context length is {limit} tokens, and {what} cannot fit in it. "
+            "Shorten the messages.",
             param="messages",
         )
         self.prompt_tokens, self.max_tokens, self.limit = limit + 1, 0, limit

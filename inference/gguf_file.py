@@ -8,7 +8,6 @@ errors that name the file and the problem.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,10 +88,6 @@ class GGUFFile:
         assert isinstance(values, list)
         return values
 
-    @property
-    def tensor_names(self) -> list[str]:
-        return list(self._tensors)
-
     def tensor_type(self, name: str) -> GGMLQuantizationType:
         return self._tensor(name).tensor_type
 
@@ -122,7 +117,8 @@ class GGUFFile:
 
     def q4_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """A Q4_0 or Q4_1 tensor's own blocks — codes uint8 [N, K] (0..15), scales and minimums float32 [N, K/32],
-        w = code * scale + minimum — so a 4-bit kernel can run the file's weights without re-rounding them; None for other types."""
+        w = code * scale + minimum — so a 4-bit kernel can run the file's weights without re-rounding them; None for
+        other types."""
         tensor = self._tensor(name)
         kind = tensor.tensor_type
         if kind not in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
@@ -157,12 +153,3 @@ class GGUFFile:
         scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
         codes = blocks[..., 2:].copy().view(np.int8).reshape(n, k)
         return codes, scales
-
-    def iter_dequantized(
-        self, names: list[str], on_tensor: Callable[[int, int, str], None] | None = None
-    ) -> Iterator[tuple[str, np.ndarray]]:
-        """Dequantize `names` in order, calling `on_tensor(done, total, name)` after each (for progress)."""
-        for i, name in enumerate(names, start=1):
-            yield name, self.dequantize(name)
-            if on_tensor is not None:
-                on_tensor(i, len(names), name)

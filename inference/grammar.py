@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 import llguidance
-import llguidance.numpy as llg_numpy  # not llguidance.torch: importing it compiles a kernel (dynamo, inductor: +130 MB, 3 s)
+
+# not llguidance.torch: importing it compiles a kernel (dynamo, inductor: +130 MB, 3 s)
+import llguidance.numpy as llg_numpy
 import numpy as np
 import torch
 from torch import Tensor

@@ -61,20 +61,23 @@ def load(
     """Kernels for `shapes`, building the missing ones (minutes, once); None where they cannot be used."""
     if not torch._C._cpu._init_amx():
         return None
-    shapes = sorted(set(s for s in shapes if supported(*s)))
+    shapes = sorted({s for s in shapes if supported(*s)})
     if not shapes:
         return None
     folder = library_dir(cache_dir)
     missing = [s for s in shapes if not (folder / f"int4-{s[0]}x{s[1]}.so").exists()]
     if missing:
         report(
-            f"building the int4 prompt kernel for {len(missing)} weight shapes (first start only, about {20 * len(missing)} s)"
+            f"building the int4 prompt kernel for {len(missing)} weight shapes (first start only, about "
+            f"{20 * len(missing)} s)"
         )
         command = [sys.executable, "-m", "inference.int4_gemm_build", str(folder)] + [
             str(d) for s in missing for d in s
         ]
         root = Path(__file__).resolve().parent.parent
-        done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)  # `-m` finds the package in cwd
+        done = subprocess.run(
+            command, cwd=root, capture_output=True, text=True, check=False
+        )  # `-m` finds the package in cwd
         if done.returncode != 0:
             log.warning("int4 GEMM build failed; prompts use the eager int4 kernel:\n%s", done.stderr[-2000:])
             return None

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 
-def _allow_weights_as_inputs() -> None:
+def allow_weights_as_inputs() -> None:
     import torch._inductor.lowering  # noqa: F401  (registers the lowerings the next module patches)
     import torch._inductor.quantized_lowerings as lowerings
 
@@ -39,7 +39,7 @@ def _allow_weights_as_inputs() -> None:
     lowerings.use_cpp_gemm_template = relaxed
 
 
-def _read_the_eager_layout() -> None:
+def read_the_eager_layout() -> None:
     """Point the AMX micro-kernel at the eager kernel's own packed weights, so one copy serves both."""
     import torch._inductor.lowering  # noqa: F401  (inductor's modules import in this order only)
     from torch._inductor.codegen import cpp_micro_gemm as micro
@@ -58,15 +58,19 @@ def _read_the_eager_layout() -> None:
             "            __m128i b4 = _mm_loadu_si128((__m128i*)(B + n / 2 * K + k * ldb_int4));\n"
             "            b32[0] = _mm512_cvtepu8_epi32(b4);\n"
             "            b32[1] = _mm512_srli_epi32(b32[0], 4);\n",
-            "            b32[0] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * ldb_int4))), nibble);\n"
-            "            b32[1] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * ldb_int4 + 16))), nibble);\n",
+            "            b32[0] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * "
+            "ldb_int4))), nibble);\n"
+            "            b32[1] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + k * 2 * "
+            "ldb_int4 + 16))), nibble);\n",
         ),
         (
             "            __m128i b4_2 = _mm_loadu_si128((__m128i*)(B + n / 2 * K + (k + 1) * ldb_int4));\n"
             "            b32[0 + COLS] = _mm512_cvtepu8_epi32(b4_2);\n"
             "            b32[1 + COLS] = _mm512_srli_epi32(b32[0 + COLS], 4);\n",
-            "            b32[0 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + 1) * 2 * ldb_int4))), nibble);\n"
-            "            b32[1 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + 1) * 2 * ldb_int4 + 16))), nibble);\n",
+            "            b32[0 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + "
+            "1) * 2 * ldb_int4))), nibble);\n"
+            "            b32[1 + COLS] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((__m128i*)(B64 + (k + "
+            "1) * 2 * ldb_int4 + 16))), nibble);\n",
         ),
     ]
     source = amx.TEMPLATE_ENTRY
@@ -122,8 +126,8 @@ def build(out_dir: Path, n: int, k: int) -> Path:
 def main(argv: list[str]) -> None:
     out_dir = Path(argv[0])
     out_dir.mkdir(parents=True, exist_ok=True)
-    _allow_weights_as_inputs()
-    _read_the_eager_layout()
+    allow_weights_as_inputs()
+    read_the_eager_layout()
     shapes = [(int(argv[i]), int(argv[i + 1])) for i in range(1, len(argv), 2)]
     for n, k in shapes:
         print(f"built {build(out_dir, n, k)}", flush=True)

@@ -43,8 +43,12 @@ class LoadConfig:
 
     def validate(self) -> None:
         """ValueError naming the first setting outside its choices (the weight format is checked where it is parsed)."""
-        for name, choices in (("kv_cache", KV_CACHE), ("cpu_kernels", CPU_KERNELS), ("q4_activations", Q4_ACTIVATIONS),
-                              ("int4_gemm", INT4_GEMM)):
+        for name, choices in (
+            ("kv_cache", KV_CACHE),
+            ("cpu_kernels", CPU_KERNELS),
+            ("q4_activations", Q4_ACTIVATIONS),
+            ("int4_gemm", INT4_GEMM),
+        ):
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"ROUNDTRIP_{name.upper()}={value!r}: use {', '.join(choices)}")

@@ -87,7 +87,9 @@ class LoadedModel:
         return f"{self.weights.describe()}, {self.model.weights_bytes / 1e6:.0f} MB"
 
 
-def load_model(path: str | None = None, settings: LoadConfig | None = None, progress: ProgressCallback | None = None) -> LoadedModel:
+def load_model(
+    path: str | None = None, settings: LoadConfig | None = None, progress: ProgressCallback | None = None
+) -> LoadedModel:
     """Load and check a GGUF model (default: SmolLM2-135M-Instruct) as `settings` say (default: every setting's
     default); every problem is a ModelFileError naming the file."""
     started = time.perf_counter()
@@ -158,13 +160,21 @@ def _choose_weights(
         if target.type == "cpu":
             cpu_kernels.use_activations(settings.q4_activations)
             cpu_kernels.load(settings.cache_dir, settings.cpu_kernels, note)
-        return weight_choice.choose(config, target, settings.weights, settings.cache_dir if settings.use_cache else None,
-                                    note, compiled_gemm=settings.int4_gemm != "off")
+        return weight_choice.choose(
+            config,
+            target,
+            settings.weights,
+            settings.cache_dir if settings.use_cache else None,
+            note,
+            compiled_gemm=settings.int4_gemm != "off",
+        )
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None
 
 
-def _convert(path: str, gguf: GGUFFile, config: ModelConfig, plan: WeightPlan, report: ProgressCallback) -> ModelWeights:
+def _convert(
+    path: str, gguf: GGUFFile, config: ModelConfig, plan: WeightPlan, report: ProgressCallback
+) -> ModelWeights:
     """The file's tensors in the plan's formats; a ModelFileError naming what is missing."""
     missing = [n for n in expected_tensors(config, gguf) if not gguf.has_tensor(n)]
     if missing:
@@ -177,7 +187,9 @@ def _convert(path: str, gguf: GGUFFile, config: ModelConfig, plan: WeightPlan, r
     return read_weights(gguf, config, plan, converting)
 
 
-def _tokenizer(path: str, metadata: dict[str, Any], tok_data: TokenizerData) -> tuple[BPETokenizer, ChatTemplate, int | None]:
+def _tokenizer(
+    path: str, metadata: dict[str, Any], tok_data: TokenizerData
+) -> tuple[BPETokenizer, ChatTemplate, int | None]:
     """The tokenizer, the chat template (ChatML when the file has none) and the end-of-sequence id."""
     tokenizer = BPETokenizer(tok_data, path)
     specials = {i: t for t, i in tokenizer.special_ids.items()}
@@ -202,7 +214,8 @@ def _transformer(
     kv_cache_dtype: torch.dtype | None,
     report: ProgressCallback,
 ) -> Transformer:
-    """The model on its device, with the compiled int4 GEMM attached and q4_mm's AMX batch size timed where they apply."""
+    """The model on its device, with the compiled int4 GEMM attached and q4_mm's AMX batch size timed where they
+    apply."""
     stream = plan.compute_dtype if target.type == "cuda" else torch.float32
     model = Transformer(config, weights, stream, kv_cache_dtype).to(target).eval().requires_grad_(False)
     if kernels:
@@ -219,7 +232,8 @@ KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.floa
 
 
 def _attach_kernels(model: Transformer, kernels: weight_choice.Kernels, above: int) -> None:
-    """Give every int4 projection its compiled GEMM; each shape's is checked once, on the first projection of that shape."""
+    """Give every int4 projection its compiled GEMM; each shape's is checked once, on the first projection of that
+    shape."""
     checked: dict[tuple[int, int], bool] = {}
     for module in model.modules():
         if isinstance(module, Int4) and (shape := (module.out_features, module.in_features)) in kernels:

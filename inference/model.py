@@ -35,7 +35,8 @@ class ForwardProbe(Protocol):
         """The token's queries [H, hd] and every key it may see [KV, S, hd]."""
 
     def on_mid_residual(self, layer: int, h: Tensor) -> None:
-        """The residual stream [dim] between `layer`'s two halves: after its attention update, before its feed-forward."""
+        """The residual stream [dim] between `layer`'s two halves: after its attention update, before its
+        feed-forward."""
 
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
         """The token's SwiGLU gate and up projections [ffn] each (silu(gate) * up reaches the down projection)."""
@@ -232,7 +233,8 @@ class Transformer(nn.Module):
         keeps its cache by default.
 
         A decode step reads every running sequence's whole cache in every layer; on 2 CPU cores, at 8 sequences of 150
-        positions, that read (float32) was a quarter of the step. Keys and values are rounded once, when stored, and every
+        positions, that read (float32) was a quarter of the step. Keys and values are rounded once, when stored, and
+        every
         attention reads them back from the cache, so a token's result does not depend on how it was batched or chunked.
         Elsewhere (a GPU in bfloat16, torch's own attention) the cache keeps the stream's dtype."""
         if self.kv_cache_dtype is not None:

@@ -31,7 +31,9 @@ class ModelRunner:
         plan = model.plan([Chunk(c.state.slot or 0, c.state.computed, len(c.tokens)) for c in chunks])
         last = plan.last_tokens.tolist()  # [chunks]: each chunk's last token in the flattened batch
         probes = {last[i]: LayerProbe() for i, c in enumerate(chunks) if c.probed}
-        sampled_rows = torch.tensor([last[i] for i, c in enumerate(chunks) if c.samples], device=device, dtype=torch.long)
+        sampled_rows = torch.tensor(
+            [last[i] for i, c in enumerate(chunks) if c.samples], device=device, dtype=torch.long
+        )
         tokens = torch.tensor([token for c in chunks for token in c.tokens], device=device)  # [N]
         started = time.perf_counter()
         logits = model(tokens, plan, self.cache, probes, sampled_rows).cpu()  # also waits for the device: honest clocks

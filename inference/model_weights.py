@@ -114,63 +114,65 @@ def read(
     gguf: GGUFFile, config: ModelConfig, plan: WeightPlan, on_tensor: Callable[[int, int, str], None] | None = None
 ) -> ModelWeights:
     """Build every weight in `plan`'s formats; `on_tensor(done, total, name)` reports progress."""
-    total = len(expected_tensors(config, gguf))
-    done = 0
+    reader = WeightReader(gguf, plan, len(expected_tensors(config, gguf)), on_tensor)
+    c = config
+    blocks = [reader.block(f"blk.{i}.", c) for i in range(c.n_layers)]
+    token_embd = reader.head("token_embd", c)
+    output = reader.head("output", c) if gguf.has_tensor("output.weight") else token_embd
+    return ModelWeights(token_embd, blocks, reader.vector("output_norm", c.dim), output, plan)
 
-    def source(name: str, shape: tuple[int, ...]) -> tuple[Tensor, w.Q4Blocks | None]:
+
+class WeightReader:
+    """Reads a file's tensors one at a time, checking each one's shape, into the plan's formats."""
+
+    def __init__(
+        self, gguf: GGUFFile, plan: WeightPlan, total: int, on_tensor: Callable[[int, int, str], None] | None
+    ) -> None:
+        self.gguf, self.plan, self.total, self.on_tensor = gguf, plan, total, on_tensor
+        self.done = 0
+
+    def source(self, name: str, shape: tuple[int, ...]) -> tuple[Tensor, w.Q4Blocks | None]:
         """A tensor's float32 values, and its 4-bit blocks when the plan's 4-bit format can use the file's own."""
-        nonlocal done
         full = f"{name}.weight"
         blocks = None
-        if plan.uses(w.WeightFormat.INT4):
-            raw = gguf.q4_blocks(full)
+        if self.plan.uses(w.WeightFormat.INT4):
+            raw = self.gguf.q4_blocks(full)
             if raw is not None:
                 blocks = w.Q4Blocks(*(torch.from_numpy(a) for a in raw))
-        dense = torch.from_numpy(gguf.dequantize(full)) if blocks is None else blocks.dequantize()
+        dense = torch.from_numpy(self.gguf.dequantize(full)) if blocks is None else blocks.dequantize()
         if tuple(dense.shape) != shape:
-            raise ModelFileError(gguf.path, f"tensor {full!r} has shape {tuple(dense.shape)}, expected {shape}")
-        done += 1
-        if on_tensor is not None:
-            on_tensor(done, total, full)
+            raise ModelFileError(self.gguf.path, f"tensor {full!r} has shape {tuple(dense.shape)}, expected {shape}")
+        self.done += 1
+        if self.on_tensor is not None:
+            self.on_tensor(self.done, self.total, full)
         return dense, blocks
 
-    def vector(name: str, size: int) -> Tensor:
-        return source(name, (size,))[0]  # float32; the model keeps norms in its stream's dtype
+    def vector(self, name: str, size: int) -> Tensor:
+        return self.source(name, (size,))[0]  # float32; the model keeps norms in its stream's dtype
 
-    def projection(names: tuple[str, ...], shapes: list[tuple[int, int]]) -> w.Projection:
-        parts = [source(n, s) for n, s in zip(names, shapes)]
-        dense = torch.cat([d for d, _ in parts])
-        blocks = (
-            w.Q4Blocks.concat([b for _, b in parts if b is not None]) if all(b is not None for _, b in parts) else None
-        )
-        return plan.build(dense, blocks)
+    def projection(self, names: tuple[str, ...], shapes: list[tuple[int, int]]) -> w.Projection:
+        """One projection from one or more tensors stacked along the outputs (q, k and v; gate and up)."""
+        parts = [self.source(n, s) for n, s in zip(names, shapes)]
+        dense = torch.cat([d for d, _ in parts])  # [sum of outputs, inputs]
+        found = [b for _, b in parts if b is not None]
+        return self.plan.build(dense, w.Q4Blocks.concat(found) if len(found) == len(parts) else None)
 
-    c = config
-    hd = c.head_dim
-    blocks = []
-    for i in range(c.n_layers):
-        p = f"blk.{i}."
-        blocks.append(
-            BlockWeights(
-                attn_norm=vector(p + "attn_norm", c.dim),
-                attn_qkv=projection(
-                    tuple(p + n for n in ATTN_QKV),
-                    [(c.n_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim)],
-                ),
-                attn_output=projection((p + "attn_output",), [(c.dim, c.n_heads * hd)]),
-                ffn_norm=vector(p + "ffn_norm", c.dim),
-                ffn_gate_up=projection(tuple(p + n for n in FFN_GATE_UP), [(c.ffn_dim, c.dim), (c.ffn_dim, c.dim)]),
-                ffn_down=projection((p + "ffn_down",), [(c.dim, c.ffn_dim)]),
-            )
+    def block(self, p: str, c: ModelConfig) -> BlockWeights:
+        hd = c.head_dim
+        return BlockWeights(
+            attn_norm=self.vector(p + "attn_norm", c.dim),
+            attn_qkv=self.projection(
+                tuple(p + n for n in ATTN_QKV),
+                [(c.n_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim)],
+            ),
+            attn_output=self.projection((p + "attn_output",), [(c.dim, c.n_heads * hd)]),
+            ffn_norm=self.vector(p + "ffn_norm", c.dim),
+            ffn_gate_up=self.projection(tuple(p + n for n in FFN_GATE_UP), [(c.ffn_dim, c.dim), (c.ffn_dim, c.dim)]),
+            ffn_down=self.projection((p + "ffn_down",), [(c.dim, c.ffn_dim)]),
         )
 
-    def head(name: str) -> w.Projection:
-        q8 = gguf.q8_blocks(f"{name}.weight") if plan.decode.quantized else None
-        return plan.build_head(
-            source(name, (c.vocab_size, c.dim))[0],
-            None if q8 is None else (torch.from_numpy(q8[0]), torch.from_numpy(q8[1])),
-        )
-
-    token_embd = head("token_embd")
-    output = head("output") if gguf.has_tensor("output.weight") else token_embd
-    return ModelWeights(token_embd, blocks, vector("output_norm", c.dim), output, plan)
+    def head(self, name: str, c: ModelConfig) -> w.Projection:
+        """An embedding or output head: exact 8-bit rows from the file's own Q8_0 blocks where the plan quantizes."""
+        q8 = self.gguf.q8_blocks(f"{name}.weight") if self.plan.decode.quantized else None
+        dense = self.source(name, (c.vocab_size, c.dim))[0]
+        return self.plan.build_head(dense, None if q8 is None else (torch.from_numpy(q8[0]), torch.from_numpy(q8[1])))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +78,8 @@ class ChatPipeline:
         first = 1 if messages and messages[0]["role"] == "system" else 0
 
         def attempt(drop: int) -> tuple[Prompt, SamplingParams, bool]:
-            """The prompt without the `drop` oldest turns after the system prompt, its parameters, and whether it fits."""
+            """The prompt without the `drop` oldest turns after the system prompt, its parameters, and whether it
+            fits."""
             if text is not None:
                 prompt = self.loaded.chat_template.plain(text)
             else:
@@ -94,15 +95,7 @@ class ChatPipeline:
         dropped = 0
         droppable = len(messages) - first - 1  # the newest message always stays
         if not fits and truncate_history and text is None and droppable > 0:
-            # the fewest turns to drop, by bisection: a few renders even for thousands of messages
-            low, high = 1, droppable
-            while low < high:
-                middle = (low + high) // 2
-                if attempt(middle)[2]:
-                    high = middle
-                else:
-                    low = middle + 1
-            dropped = low
+            dropped = _fewest(lambda drop: attempt(drop)[2], droppable)
             prompt, params, fits = attempt(dropped)
         if not fits:
             raise ContextLengthExceededError(len(prompt.ids), params.max_tokens, limit)
@@ -208,3 +201,16 @@ class ChatPipeline:
     def engine(self, config: SchedulerConfig = SchedulerConfig()) -> Engine:  # noqa: B008 (frozen)
         loaded = self.loaded
         return Engine(loaded.model, loaded.stop_ids, loaded.tokenizer.token_bytes, config)
+
+
+def _fewest(enough: Callable[[int], bool], most: int) -> int:
+    """The smallest n in 1..most for which `enough(n)` holds (or `most`), by bisection: the turns to drop from a
+    conversation in a few renders, even for thousands of messages."""
+    low, high = 1, most
+    while low < high:
+        middle = (low + high) // 2
+        if enough(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low

@@ -181,7 +181,9 @@ class Scheduler:
         outputs += self._admit()
         rows = [s for s in self.running if not s.paused]
         newcomers = [s for s in rows if s.phase == Phase.PREFILL]
-        shares = iter(self._prompt_shares([len(s.prompt_ids) - s.computed for s in newcomers], len(rows) - len(newcomers)))
+        shares = iter(
+            self._prompt_shares([len(s.prompt_ids) - s.computed for s in newcomers], len(rows) - len(newcomers))
+        )
         chunks = []
         for state in rows:
             tokens = state.next_tokens(next(shares) if state.phase == Phase.PREFILL else 1)
@@ -199,8 +201,15 @@ class Scheduler:
         when a batch of streams finishes together it costs several ms, and their last tokens need not wait for it."""
         self.step_cost.observe(scheduled.n_tokens, result.duration)
         self.steps += 1
-        batch = BatchStep(result.ended, self.steps, len(scheduled.chunks), scheduled.prefill_tokens, scheduled.decode_rows,
-                          result.duration, [c.state.request_id for c in scheduled.chunks])
+        batch = BatchStep(
+            result.ended,
+            self.steps,
+            len(scheduled.chunks),
+            scheduled.prefill_tokens,
+            scheduled.decode_rows,
+            result.duration,
+            [c.state.request_id for c in scheduled.chunks],
+        )
         self.last_batch = batch
         outputs, leaving, rows = [], [], iter(range(len(scheduled.chunks)))
         for chunk, detail in zip(scheduled.chunks, result.details):

@@ -48,7 +48,8 @@ class StepCost:
         return (seconds - per_row * rows) / n, per_row
 
     def rows_within(self, one_row_steps: float) -> int | None:
-        """The most rows a step is expected to carry in the time of `one_row_steps` one-row steps, or None without a fit."""
+        """The most rows a step is expected to carry in the time of `one_row_steps` one-row steps, or None without a
+        fit."""
         fit = self.line()
         if fit is None:
             return None

@@ -21,10 +21,13 @@ CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 # Control tokens that end an assistant turn in the chat formats we know, besides the file's EOS.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>")
 
-_LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
-def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+def pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     """llama.cpp's pre-tokenization for the file's `tokenizer.ggml.pre`; ValueError if we do not know it."""
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in ("gpt2", "gpt-2", "default"):
@@ -38,7 +41,7 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 
 
 @lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
+def unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's byte-to-printable-character table used by byte-level BPE."""
     printable = (
         list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -67,7 +70,7 @@ class BPETokenizer:
 
     def __init__(self, data: TokenizerData, path: str = "<gguf>") -> None:
         try:
-            pre = _pre_tokenizer(data.pre)
+            pre = pre_tokenizer(data.pre)
         except ValueError:
             raise ModelFileError(path, f"pre-tokenizer {data.pre!r} is not supported") from None
         vocab = {token: i for i, token in enumerate(data.tokens)}
@@ -81,7 +84,7 @@ class BPETokenizer:
             tok: i for i, (tok, kind) in enumerate(zip(data.tokens, data.token_types)) if kind == CONTROL_TOKEN_TYPE
         }
         self.control_ids = frozenset(self.special_ids.values())
-        to_byte = _unicode_to_byte()
+        to_byte = unicode_to_byte()
         self.token_bytes: list[bytes] = [
             b"" if i in self.control_ids else bytes(to_byte.get(ch, 0) for ch in tok)
             for i, tok in enumerate(data.tokens)

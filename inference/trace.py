@@ -1,7 +1,7 @@
 """The trace: typed events, one per pipeline stage, each stamped with a monotonic clock.
 
 Events carry the numbers the model really computed, as token ids and arrays; turning
-ids into text for a page is the serializer's job (`inference.trace_json`). `t` is
+ids into text for a page is the worker's job (`webapp.worker.serialize`, into `webapp.worker.wire`'s events). `t` is
 `time.perf_counter()` seconds on the server.
 """
 

@@ -169,7 +169,9 @@ def choose(
     if plan is not None and not plan.uses(WeightFormat.INT4):
         return plan, None
     q8 = cpu_kernels.is_loaded()
-    kernels = int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None and compiled_gemm else None
+    kernels = (
+        int4_gemm.load(model_shapes(config), cache_dir, report) if cache_dir is not None and compiled_gemm else None
+    )
     if plan is not None and kernels is None and not q8:
         return plan, None
     q8_kernel = f"{cpu_kernels.loaded_isa()}x{cpu_kernels.activation_parts()}" if q8 else ""
@@ -181,15 +183,13 @@ def choose(
     quiet = _machine_is_quiet()
     timings, compiled, q8_times = measure(config, kernels, q8=q8)
     quiet = quiet and _machine_is_quiet()
-    if plan is None:
-        plan = decide(timings, compiled, q8_times)
-    else:
-        plan = _int4_kernel(plan, timings, compiled, q8_times)
+    plan = decide(timings, compiled, q8_times) if plan is None else _int4_kernel(plan, timings, compiled, q8_times)
     if memo is not None and quiet:
         _remember(memo, plan, timings, compiled, q8_times)
     elif memo is not None:
         report(
-            "the CPU was busy with other work while measuring: this choice is not remembered, the next start measures again"
+            "the CPU was busy with other work while measuring: this choice is not remembered, the next start measures "
+            "again"
         )
     return plan, kernels if plan.gemm_above else None
 
@@ -284,7 +284,8 @@ def _q8_wins(timings: Timings, compiled: dict[int, float] | None, q8: dict[int, 
 
 
 def _int4_kernel(plan: WeightPlan, timings: Timings, compiled: dict[int, float], q8: dict[int, float]) -> WeightPlan:
-    """A set plan's int4 kernels: our int4 x int8 kernel where it wins, else torch's compiled GEMM above its crossover."""
+    """A set plan's int4 kernels: our int4 x int8 kernel where it wins, else torch's compiled GEMM above its
+    crossover."""
     if _q8_wins(timings, compiled, q8):
         return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, q8=True)
     return WeightPlan(
@@ -295,7 +296,8 @@ def _int4_kernel(plan: WeightPlan, timings: Timings, compiled: dict[int, float],
 def decide(
     timings: Timings, compiled: dict[int, float] | None = None, q8: dict[int, float] | None = None
 ) -> WeightPlan:
-    """The fastest format at one row for decoding, with int4's faster kernel (our int4 x int8 one, or the compiled GEMM for
+    """The fastest format at one row for decoding, with int4's faster kernel (our int4 x int8 one, or the compiled GEMM
+    for
     larger batches where it helps). One copy of the weights: a second format for prompts is kept only when asked
     for (`int4+bf16`), since a served default model must stay within its memory budget."""
     use_q8 = _q8_wins(timings, compiled, q8)

@@ -13,7 +13,8 @@ without expanding it first. The formats:
 
 The quantized kernels take bf16 inputs and give bf16 outputs, so every format but `fp32`
 multiplies in bf16; a projection casts its input to that, and the residual stream, norms
-and attention can stay in float32 around it. A `SizeDispatch` holds one weight in two formats and picks by how many rows it multiplies:
+and attention can stay in float32 around it. A `SizeDispatch` holds one weight in two formats and picks by how many
+rows it multiplies:
 a compact one for decode steps, a dense one for prompt chunks where the CPU's matrix units
 win (see `inference.weight_choice`).
 """

@@ -46,7 +46,11 @@ def prompt_attention(model: Transformer, ids: Sequence[int], layer: int) -> Tens
 
 @torch.inference_mode()
 def resample(
-    model: Transformer, stop_ids: frozenset[int], prompt_ids: Sequence[int], generated: Sequence[int], params: SamplingParams
+    model: Transformer,
+    stop_ids: frozenset[int],
+    prompt_ids: Sequence[int],
+    generated: Sequence[int],
+    params: SamplingParams,
 ) -> Sample:
     """The next token after `prompt_ids` + `generated`, drawn with `params` (penalties see `generated` as the output
     so far) from that step's real logits; explained as the sampling stage shows a live step."""

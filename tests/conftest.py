@@ -110,9 +110,14 @@ HARDWARE: dict[str, tuple[Callable[[], bool], str]] = {
 _absent_hardware: list[tuple[str, str]] = []
 
 
+LIVE_FIXTURES = {"daphne_server", "browser"}  # a test that uses one runs against a real server process (and a browser)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     runnable, absent = [], []
     for item in items:
+        if LIVE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.live)
         marker = item.get_closest_marker("hardware")
         if marker is not None and not HARDWARE[marker.args[0]][0]():
             absent.append(item)
@@ -176,7 +181,6 @@ def pytest_configure(config: pytest.Config) -> None:
     from django.db import connections
 
     connections["default"].settings_dict["TEST"]["NAME"] = str(_DB_FILE)
-    config.addinivalue_line("markers", "hardware(name): runs only where that hardware is present (see HARDWARE)")
 
 
 @dataclass
@@ -209,7 +213,8 @@ def daphne_server(
             ]
         ),
         "ROUNDTRIP_MAX_BATCH": "4",
-        "ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS": "{}",  # every test client is 127.0.0.1; tests/webapp/test_client_ip.py covers it
+        # every test client is 127.0.0.1; tests/webapp/test_client_ip.py covers it
+        "ROUNDTRIP_ANONYMOUS_ADDRESS_LIMITS": "{}",
         "ROUNDTRIP_MAX_QUEUED": "4",
         "PYTHONUNBUFFERED": "1",
     }

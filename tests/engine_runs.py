@@ -76,5 +76,3 @@ def assert_same_or_near_tie(batched: list[Sampled], alone: list[Sampled], tolera
     )
     gap = max(top.values()) - top[ids_b[at]]
     assert gap < tolerance, f"diverged at {at} with gap {gap}"
-
-

@@ -18,12 +18,13 @@ from inference.model_weights import expected_tensors
 
 
 def file_weights(loaded: LoadedModel) -> dict[str, np.ndarray]:
-    """The file's own weights by checkpoint name, dequantized by the gguf package: independent of how the model stores them."""
+    """The file's own weights by checkpoint name, dequantized by the gguf package: independent of how the model stores
+    them."""
     gguf = GGUFFile(loaded.path)
     return {name: gguf.dequantize(name) for name in expected_tensors(loaded.config, gguf)}
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x) + eps) * weight
 
 
@@ -85,7 +86,7 @@ def naive_forward(
         xs = [w["token_embd.weight"][i].copy() for i in ids[: t + 1]]
         for layer in range(config.n_layers):
             p = f"blk.{layer}."
-            normed = [_rms_norm(x, w[p + "attn_norm.weight"], config.norm_eps) for x in xs]
+            normed = [rms_norm(x, w[p + "attn_norm.weight"], config.norm_eps) for x in xs]
             qs = [w[p + "attn_q.weight"] @ x for x in normed]
             ks = [w[p + "attn_k.weight"] @ x for x in normed]
             vs = [w[p + "attn_v.weight"] @ x for x in normed]
@@ -107,12 +108,12 @@ def naive_forward(
                         last_attention[layer, h] = probs
                     heads.append(sum(probs[s] * stored(vs[s][kv * hd : (kv + 1) * hd]) for s in range(pos + 1)))
                 h1 = x + w[p + "attn_output.weight"] @ np.concatenate(heads)
-                f = _rms_norm(h1, w[p + "ffn_norm.weight"], config.norm_eps)
+                f = rms_norm(h1, w[p + "ffn_norm.weight"], config.norm_eps)
                 gate = w[p + "ffn_gate.weight"] @ f
                 silu, up = gate / (1 + np.exp(-gate)), w[p + "ffn_up.weight"] @ f
                 new_xs.append(h1 + w[p + "ffn_down.weight"] @ (silu * up))
                 if layers is not None and t == len(ids) - 1 and pos == t:
                     layers.append(NaiveLayer(x, h1, new_xs[-1], silu, up))
             xs = new_xs
-        logits.append(out_w @ _rms_norm(xs[-1], w["output_norm.weight"], config.norm_eps))
+        logits.append(out_w @ rms_norm(xs[-1], w["output_norm.weight"], config.norm_eps))
     return np.stack(logits), last_attention

@@ -1,4 +1,5 @@
-"""Helpers for tests that run the site as real processes: free ports, `manage.py`, waiting for /health."""
+"""Helpers for running the site as real processes: free ports, `manage.py`, waiting for /health. The tests use them,
+and so does `benchmarks/bench_serving.py` (which may point `root` at another checkout for an A/B run)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,21 +33,31 @@ def free_port() -> int:
         return port
 
 
-def manage(env: dict[str, str], *args: str) -> str:
+def manage(env: dict[str, str], *args: str, root: Path = ROOT) -> str:
     """Run a management command to completion; its stdout."""
     done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-def start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+def start(env: dict[str, str], log: Path, *args: str, root: Path = ROOT) -> subprocess.Popen[bytes]:
     """Start a long-running management command, its output going to `log`."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "manage.py", *args], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT
         )
+
+
+class NotReady(AssertionError):
+    """A server that died or did not get ready in time; the message holds its logs."""
 
 
 def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 120) -> None:
@@ -60,7 +70,9 @@ def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Pa
         except httpx.HTTPError:
             pass
         if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
-            pytest.fail(f"{url} did not get ready:\n" + "\n---\n".join(log.read_text(errors="replace") for log in logs))
+            raise NotReady(
+                f"{url} did not get ready:\n" + "\n---\n".join(log.read_text(errors="replace") for log in logs)
+            )
         time.sleep(0.2)
 
 

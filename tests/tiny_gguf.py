@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
 from inference.chat_template import CHATML_TEMPLATE
-from inference.tokenizer import _unicode_to_byte
+from inference.tokenizer import unicode_to_byte
 
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "o u", "Ġ i", "e r", "a n", "Ġ s"]
@@ -41,7 +41,7 @@ class TinySpec:
 
 def vocabulary() -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges): control tokens, the 256 byte symbols, then the merged tokens."""
-    symbols = sorted(_unicode_to_byte(), key=lambda ch: _unicode_to_byte()[ch])
+    symbols = sorted(unicode_to_byte(), key=lambda ch: unicode_to_byte()[ch])
     merged = [m.replace(" ", "") for m in MERGES]
     tokens = CONTROL_TOKENS + symbols + merged
     types = [int(TokenType.CONTROL)] * len(CONTROL_TOKENS) + [int(TokenType.NORMAL)] * (len(symbols) + len(merged))

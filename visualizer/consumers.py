@@ -89,7 +89,8 @@ class PipelineConsumer(FrameConsumer):
             await self.send_frame({"type": "pong"})
         elif kind not in ("next", "cancel"):
             await self.error(
-                f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, prompt_attention, resample or ping.",
+                f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, prompt_attention, resample or "
+                "ping.",
                 "unknown_type",
             )
 

@@ -30,21 +30,23 @@ class Conversation(models.Model):
         )
 
     def history(self) -> list[dict[str, str]]:
-        """The turns as chat messages, oldest first."""
-        return [{"role": t.role, "content": t.content} for t in self.turns.order_by("id")]
+        """The messages, oldest first, as the chat API takes them."""
+        return [{"role": m.role, "content": m.content} for m in self.messages.order_by("id")]
 
     def add_exchange(self, question: str, answer: str, request_id: str) -> None:
-        Turn.objects.bulk_create(
+        Message.objects.bulk_create(
             [
-                Turn(conversation=self, role="user", content=question, request_id=request_id),
-                Turn(conversation=self, role="assistant", content=answer, request_id=request_id),
+                Message(conversation=self, role="user", content=question, request_id=request_id),
+                Message(conversation=self, role="assistant", content=answer, request_id=request_id),
             ]
         )
         self.save(update_fields=["updated_at"])
 
 
-class Turn(models.Model):
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
+class Message(models.Model):
+    """One message of a kept conversation (a question or an answer), with the request that produced it."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=16)
     content = models.TextField()
     request_id = models.CharField(max_length=64, blank=True)

@@ -24,7 +24,7 @@ from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
 from webapp.worker import wire
 
-LEVELS: dict[object, wire.Level] = {"summary": "summary", "full": "full"}
+LEVELS: dict[str, wire.Level] = {"summary": "summary", "full": "full"}
 RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation", "continue_final_message"}
 PARAM_FIELDS = {
     "temperature",
@@ -51,8 +51,15 @@ def accepted_frame(accepted: wire.Accepted | None) -> dict[str, Any]:
     """The worker took the turn: which worker, the weights it holds, the prompt's length, the seed, the wait."""
     if accepted is None:
         return {"type": "accepted"}
-    return {"type": "accepted", "request_id": accepted.request_id, "worker": accepted.worker, "weights": accepted.weights,
-            "prompt_tokens": accepted.prompt_tokens, "seed": accepted.seed, "queued": accepted.queued}
+    return {
+        "type": "accepted",
+        "request_id": accepted.request_id,
+        "worker": accepted.worker,
+        "weights": accepted.weights,
+        "prompt_tokens": accepted.prompt_tokens,
+        "seed": accepted.seed,
+        "queued": accepted.queued,
+    }
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,8 @@ class Run:
         params = p.get("params") or {}
         if not isinstance(params, dict) or set(params) - PARAM_FIELDS:
             raise bad_request(f"'params' may only hold {', '.join(sorted(PARAM_FIELDS))}.", "params")
-        level = LEVELS.get(p.get("level", "summary"))
+        asked = p.get("level", "summary")
+        level = LEVELS.get(asked) if isinstance(asked, str) else None
         if level is None:
             raise bad_request(f"'level' must be one of {', '.join(LEVELS.values())}.", "level")
         body = {"model": p.get("model", "default"), "messages": p.get("messages"), **params}
@@ -99,7 +107,7 @@ class Run:
         yield {"type": "request", "request_id": turn.request_id, "body": self.payload, "t": time.time()}
         request: ChatCompletionRequest | None = None
         try:
-            identity = turn.authenticated(
+            turn.authenticated(
                 identify_session(self.visitor.user_id, self.visitor.session_key, self.visitor.client_ip),
                 time.perf_counter(),
             )
@@ -133,7 +141,9 @@ class Run:
         finished = turn.usage.finished.get(0)
         if finished is not None and request is not None:
             messages, answer = request.chat_messages, finished.text
-            if request.continue_final_message:  # a branch: the exchange is the question and the whole answer, as it now reads
+            if (
+                request.continue_final_message
+            ):  # a branch: the exchange is the question and the whole answer, as it now reads
                 messages, answer = messages[:-1], messages[-1]["content"] + answer
             await sync_to_async(self._save_exchange)(turn.request_id, messages, answer)
         yield {"type": "usage", **turn.usage_report()}

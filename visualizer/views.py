@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -28,7 +26,7 @@ def chat(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "visualizer/chat.html",
-        {"models": models, "models_json": json.dumps(models), "system_prompt": DEFAULT_SYSTEM_PROMPT},
+        {"models": models, "system_prompt": DEFAULT_SYSTEM_PROMPT},
     )
 
 

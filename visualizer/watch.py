@@ -63,8 +63,15 @@ class WatchObserver:
             return
         ctx = turn.ctx
         source = ctx.identity.label if ctx.identity else ""
-        await publish({"type": "request", "request_id": turn.request_id, "source": source,
-                       "model": ctx.route.id if ctx.route else "", "endpoint": ctx.endpoint})
+        await publish(
+            {
+                "type": "request",
+                "request_id": turn.request_id,
+                "source": source,
+                "model": ctx.route.id if ctx.route else "",
+                "endpoint": ctx.endpoint,
+            }
+        )
         await publish({"type": "gateway", "request_id": turn.request_id, **turn.gateway_report()})
 
     async def event(self, turn: Turn, index: int, event: wire.TraceEvent) -> None:

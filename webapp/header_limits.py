@@ -16,18 +16,18 @@ from typing import Any
 from daphne.http_protocol import HTTPFactory
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
+from webapp.gateway.errors import GatewayError
+
 APP_HEADER_BYTES = 16 * 1024
 TRANSPORT_HEADER_BYTES = 128 * 1024
 
 _BODY = json.dumps(
-    {
-        "error": {
-            "message": f"The request's headers are larger than {TRANSPORT_HEADER_BYTES // 1024} KiB.",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "headers_too_large",
-        }
-    }
+    GatewayError(
+        431,
+        f"The request's headers are larger than {TRANSPORT_HEADER_BYTES // 1024} KiB.",
+        "invalid_request_error",
+        "headers_too_large",
+    ).body()
 ).encode()
 TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"

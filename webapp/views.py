@@ -7,6 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from webapp.catalog import configured_models
+from webapp.gateway.errors import GatewayError
 from webapp.worker import registry, wire
 
 
@@ -21,7 +22,7 @@ def health(request: HttpRequest) -> JsonResponse:
 
 def _error(request: HttpRequest, status: int, message: str, kind: str, code: str) -> HttpResponse:
     if request.path.startswith("/v1/"):
-        return JsonResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status)
+        return JsonResponse(GatewayError(status, message, kind, code).body(), status=status)
     return render(request, "error.html", {"status": status, "message": message}, status=status)
 
 

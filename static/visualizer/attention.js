@@ -1,6 +1,6 @@
 // The trace's attention, read. A forward pass at `full` level carries the weights of the token it fed last (the
 // query) over the cached positions it saw: [layers, heads, positions] as 8-bit rows, each scaled to its own
-// maximum (`row_max`), over the positions listed in `positions` (inference/trace_json.py).
+// maximum (`row_max`), over the positions listed in `positions` (webapp/worker/serialize.py).
 import { visible } from "./dom.js";
 import { describeToken, tokenAt } from "./tokens.js";
 

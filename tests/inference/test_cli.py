@@ -10,6 +10,8 @@ import pytest
 
 from inference.__main__ import main
 
+pytestmark = pytest.mark.live  # runs `python -m inference` in a process of its own
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -62,7 +62,9 @@ def test_every_request_in_a_step_refers_to_the_same_batch_step(tiny_model: Loade
 
 def test_a_long_prompt_alone_is_prefilled_in_the_larger_chunks(tiny_model: LoadedModel) -> None:
     engine = make_engine(tiny_model, prefill_chunk=64, prefill_chunk_decoding=16)
-    engine.scheduler.add(sequence_request("long", [1] + [3 + i % 250 for i in range(100)], TraceLevel.SUMMARY, max_tokens=2))
+    engine.scheduler.add(
+        sequence_request("long", [1] + [3 + i % 250 for i in range(100)], TraceLevel.SUMMARY, max_tokens=2)
+    )
     forwards = [e for _ in range(2) for o in engine.step() for e in o.events if isinstance(e, ForwardStep)]
     assert [f.n_tokens for f in forwards] == [64, 37]
 
@@ -74,7 +76,9 @@ def test_while_others_decode_each_newcomer_gets_its_own_small_chunk(tiny_model: 
     engine.scheduler.add(sequence_request("running", PROMPTS[0], max_tokens=30))
     engine.step()
     for i in range(3):
-        engine.scheduler.add(sequence_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2))
+        engine.scheduler.add(
+            sequence_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2)
+        )
     outputs = {o.request_id: o for o in engine.step()}
     fed = {
         rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)]
@@ -89,7 +93,9 @@ def _prompt_fed(engine: Engine, newcomers: int) -> dict[str, list[int]]:
     engine.scheduler.add(sequence_request("running", PROMPTS[0], max_tokens=30))
     engine.step()
     for i in range(newcomers):
-        engine.scheduler.add(sequence_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2))
+        engine.scheduler.add(
+            sequence_request(f"new{i}", [1] + [3 + i + j for j in range(20)], TraceLevel.SUMMARY, max_tokens=2)
+        )
     outputs = {o.request_id: o for o in engine.step()}
     return {
         rid: [e.n_tokens for e in o.events if isinstance(e, ForwardStep)]
@@ -235,11 +241,14 @@ def test_it_stops_at_an_end_of_turn_token_unless_told_to_ignore_it(tiny_model: L
     events = tokens_of(run_all(stopping, [sequence_request("s", PROMPTS[0], max_tokens=5)])["s"])
     assert len(events) == greedy.index(greedy[2]) + 1 and events[-1].is_stop
     ignoring = Engine(tiny_model.model, frozenset({greedy[2]}), tiny_model.tokenizer.token_bytes)
-    assert len(tokens_of(run_all(ignoring, [sequence_request("i", PROMPTS[0], max_tokens=5, ignore_eos=True)])["i"])) == 5
+    assert (
+        len(tokens_of(run_all(ignoring, [sequence_request("i", PROMPTS[0], max_tokens=5, ignore_eos=True)])["i"])) == 5
+    )
 
 
 def test_arrivals_one_at_a_time_grow_the_cache_with_room_to_spare(tiny_model: LoadedModel) -> None:
-    """Growing the cache copies it while every stream waits: a burst of arrivals must not regrow it once per newcomer."""
+    """Growing the cache copies it while every stream waits: a burst of arrivals must not regrow it once per
+    newcomer."""
     engine = make_engine(tiny_model)
     sizes = []
     for i in range(5):
@@ -247,7 +256,9 @@ def test_arrivals_one_at_a_time_grow_the_cache_with_room_to_spare(tiny_model: Lo
         engine.step()
         sizes.append(engine.scheduler.cache.slots)
     assert sizes == [4, 4, 4, 4, 8]
-    assert engine.scheduler.stats().kv_bytes == 5 * engine.scheduler.cache.nbytes // 8  # the running sequences', not the spare slots'
+    assert (
+        engine.scheduler.stats().kv_bytes == 5 * engine.scheduler.cache.nbytes // 8
+    )  # the running sequences', not the spare slots'
 
 
 def test_spare_slots_are_kept_while_sequences_run_and_freed_when_idle(tiny_model: LoadedModel) -> None:
@@ -267,7 +278,10 @@ def test_an_idle_engine_keeps_a_small_cache_so_the_next_request_does_not_allocat
     run_all(engine, [sequence_request("first", PROMPTS[0], max_tokens=3)])
     engine.scheduler.finish_step()
     kept = engine.scheduler.cache.k
-    assert 0 < engine.scheduler.cache.nbytes <= engine.scheduler.config.idle_kv_bytes and engine.scheduler.stats().kv_bytes == 0
+    assert (
+        0 < engine.scheduler.cache.nbytes <= engine.scheduler.config.idle_kv_bytes
+        and engine.scheduler.stats().kv_bytes == 0
+    )
     second = run_all(engine, [sequence_request("second", PROMPTS[1], max_tokens=3)])["second"]
     assert engine.scheduler.cache.k is kept  # admitted into the kept cache: no new allocation
     assert [t.token_id for t in tokens_of(second)] == [
@@ -292,13 +306,21 @@ def test_a_finished_sequence_leaves_its_slot_and_fills_the_prefix_cache_after_it
     """Releasing a batch of finished streams costs ms (their prefixes are copied into the prefix cache): their last
     tokens go out first; `finish_step` (or else the next step) does the rest."""
     engine = make_engine(tiny_model, prefix_block=4)
-    engine.scheduler.add(sequence_request("f", PROMPTS[0], max_tokens=6))  # its answer fills at least one more block of 4
+    engine.scheduler.add(
+        sequence_request("f", PROMPTS[0], max_tokens=6)
+    )  # its answer fills at least one more block of 4
     while not any(o.done for o in engine.step()):
         pass
-    assert [s.request_id for s in engine.scheduler.running] == ["f"] and engine.scheduler.stats().running == 0 and engine.scheduler.has_work
+    assert (
+        [s.request_id for s in engine.scheduler.running] == ["f"]
+        and engine.scheduler.stats().running == 0
+        and engine.scheduler.has_work
+    )
     cached = len(engine.scheduler.prefix_cache)
     engine.scheduler.finish_step()
-    assert engine.scheduler.running == [] and len(engine.scheduler.prefix_cache) > cached and not engine.scheduler.has_work
+    assert (
+        engine.scheduler.running == [] and len(engine.scheduler.prefix_cache) > cached and not engine.scheduler.has_work
+    )
 
 
 def test_the_next_step_does_the_bookkeeping_a_caller_left(tiny_model: LoadedModel) -> None:
@@ -312,17 +334,14 @@ def test_the_next_step_does_the_bookkeeping_a_caller_left(tiny_model: LoadedMode
 def test_idle_scheduler_has_no_work_and_gives_its_memory_back(tiny_model: LoadedModel) -> None:
     engine = make_engine(tiny_model)
     run_all(engine, [sequence_request("x", PROMPTS[0], max_tokens=3)])
-    assert not engine.scheduler.has_work and engine.scheduler.stats().kv_bytes == 0 and engine.scheduler.stats().running == 0
+    assert (
+        not engine.scheduler.has_work
+        and engine.scheduler.stats().kv_bytes == 0
+        and engine.scheduler.stats().running == 0
+    )
 
 
-REAL_TOPICS = [
-    "a lighthouse keeper",
-    "the moon",
-    "a clockmaker",
-    "a city under the sea",
-    "an old violin",
-    "a desert caravan",
-]
+REAL_TOPICS = ["a lighthouse keeper", "the moon", "a clockmaker", "an old violin"]  # a batch of four: every row differs
 
 
 @pytest.mark.parametrize("weights, tolerance", [("fp32", 1e-3), ("bf16", 0.5), ("int4", 0.5)])
@@ -330,7 +349,8 @@ def test_the_real_model_batched_gives_each_request_its_own_greedy_answer(
     weights: str, tolerance: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """float32: batching changes nothing measurable. bfloat16 activations round differently for different batch
-    shapes, so a near-tie can flip; the test shows the two top logits at the first divergence were within `tolerance`."""
+    shapes, so a near-tie can flip; the test shows the two top logits at the first divergence were within
+    `tolerance`."""
     from inference.loader import load_model
     from inference.pipeline import ChatPipeline
 

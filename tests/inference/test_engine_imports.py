@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.live  # imports the engine in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_MODULES = [
     "inference.loader",

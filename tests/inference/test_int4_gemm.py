@@ -1,4 +1,5 @@
-"""The compiled int4 GEMM: built against this torch's template, it reads the eager kernel's own packed weights and agrees with it."""
+"""The compiled int4 GEMM: built against this torch's template, it reads the eager kernel's own packed weights and
+agrees with it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from inference import int4_gemm
 from inference.weights import Int4, Q4Blocks
 
+pytestmark = pytest.mark.live  # builds the AMX int4 GEMM with inductor (minutes)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,8 +22,9 @@ def test_the_build_can_teach_this_torchs_amx_micro_kernel_the_eager_layout() -> 
     """The build edits inductor's template by exact text replacements; a torch whose template differs must fail here,
     not silently on a user's first start (where the engine would fall back to the slow eager kernel for prompts)."""
     check = (
-        "from inference.int4_gemm_build import _read_the_eager_layout as teach; teach(); "
-        "from torch._inductor.codegen.cpp_micro_gemm import CppMicroGemmWoQInt4Amx as amx; assert 'B64' in amx.TEMPLATE_ENTRY"
+        "from inference.int4_gemm_build import read_the_eager_layout as teach; teach(); "
+        "from torch._inductor.codegen.cpp_micro_gemm import CppMicroGemmWoQInt4Amx as amx; assert 'B64' in "
+        "amx.TEMPLATE_ENTRY"
     )
     done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -99,7 +99,7 @@ def test_a_file_without_hyper_parameters_is_reported(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelFileError, match="'llama.embedding_length' is missing"):
+    with pytest.raises(ModelFileError, match=r"'llama\.embedding_length' is missing"):
         load_model(str(path), cpu())
 
 

@@ -61,7 +61,8 @@ SMOLLM2_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 11173, 30, 2, 198]
 def test_cached_decoding_equals_uncached(
     request: pytest.FixtureRequest, model_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In a float32 cache: what is left is float32 arithmetic (a prompt's rows and a decode row multiply differently)."""
+    """In a float32 cache: what is left is float32 arithmetic (a prompt's rows and a decode row multiply
+    differently)."""
     loaded: LoadedModel = request.getfixturevalue(model_name)
     monkeypatch.setattr(loaded.model, "kv_cache_dtype", torch.float32)
     ids = SMOLLM2_IDS if model_name == "smollm2" else [1, 5, 80, 91, 200, 17, 3]
@@ -95,7 +96,8 @@ def test_rope_rotates_adjacent_pairs() -> None:
 
 
 def test_one_forward_of_decode_rows_and_a_prompt_chunk_matches_single_runs(tiny_model: LoadedModel) -> None:
-    """Two decode rows at different positions and a newcomer's prompt chunk, in one forward, each get their own logits."""
+    """Two decode rows at different positions and a newcomer's prompt chunk, in one forward, each get their own
+    logits."""
     model = tiny_model.model
     a, b, c = [1, 40, 41, 42], [1, 90, 91], [1, 7, 8, 9, 10]
     cache = model.new_cache(3, 16)
@@ -133,7 +135,8 @@ def test_untied_output_weights_are_used(write_gguf: Any) -> None:
 
 
 def test_with_the_decode_kernel_every_token_is_one_of_its_rows(tiny_model: LoadedModel) -> None:
-    """Decode rows and prompt chunks of any length: each token a kernel row over its own positions, no attention group."""
+    """Decode rows and prompt chunks of any length: each token a kernel row over its own positions, no attention
+    group."""
     freqs = tiny_model.model.freqs_cis
     plan = BatchPlan.build(
         [Chunk(0, 10, 1), Chunk(1, 3, 4), Chunk(2, 0, 40)], freqs, decode_kernel=True, fused_rope=True

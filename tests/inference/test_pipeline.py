@@ -126,7 +126,7 @@ def test_full_level_attention_matches_a_plain_recomputation(tiny_pipeline: ChatP
 
 def test_full_level_feed_forward_half_matches_a_plain_recomputation(tiny_pipeline: ChatPipeline) -> None:
     """Each half's update, the top SwiGLU neurons and the logit lens after each half, against float64 numpy."""
-    from naive_llama import NaiveLayer, _rms_norm, file_weights, kv_rounding, naive_forward
+    from naive_llama import NaiveLayer, file_weights, kv_rounding, naive_forward, rms_norm
 
     loaded = tiny_pipeline.loaded
     config = loaded.config
@@ -153,7 +153,7 @@ def test_full_level_feed_forward_half_matches_a_plain_recomputation(tiny_pipelin
     head = weights.get("output.weight", weights["token_embd.weight"]).astype(np.float64)
 
     def lens(h: np.ndarray) -> tuple[int, float]:
-        logits = head @ _rms_norm(h, weights["output_norm.weight"], config.norm_eps)
+        logits = head @ rms_norm(h, weights["output_norm.weight"], config.norm_eps)
         probs = np.exp(logits - logits.max())
         return int(logits.argmax()), float(probs.max() / probs.sum())
 

@@ -19,18 +19,33 @@ from inference.trace import Finished, Sampled
 
 VOCAB = 32
 STOP = 0
-CONFIG = ModelConfig("llama", n_layers=1, dim=8, n_heads=2, n_kv_heads=1, ffn_dim=16, vocab_size=VOCAB, context_length=256,
-                     rope_base=10000.0, rope_dim=4, norm_eps=1e-5)
+CONFIG = ModelConfig(
+    "llama",
+    n_layers=1,
+    dim=8,
+    n_heads=2,
+    n_kv_heads=1,
+    ffn_dim=16,
+    vocab_size=VOCAB,
+    context_length=256,
+    rope_base=10000.0,
+    rope_dim=4,
+    norm_eps=1e-5,
+)
 
 
 def scheduler(**config: Any) -> Scheduler:
     cache = SlotCache(CONFIG, torch.device("cpu"), torch.float32)
-    return Scheduler(cache, VOCAB, frozenset({STOP}), [bytes([65 + i % 26]) for i in range(VOCAB)], SchedulerConfig(**config))
+    return Scheduler(
+        cache, VOCAB, frozenset({STOP}), [bytes([65 + i % 26]) for i in range(VOCAB)], SchedulerConfig(**config)
+    )
 
 
 def request(rid: str, prompt_length: int, max_tokens: int = 3, **changes: Any) -> SequenceRequest:
     prompt = [1 + i % (VOCAB - 1) for i in range(prompt_length)]
-    return dataclasses.replace(SequenceRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens)), **changes)
+    return dataclasses.replace(
+        SequenceRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens)), **changes
+    )
 
 
 def choosing(scheduled: SchedulerOutput, tokens: list[int]) -> ModelOutput:

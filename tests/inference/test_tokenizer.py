@@ -74,9 +74,9 @@ def test_end_of_turn_ids_include_im_end_and_the_files_eos(smollm2: LoadedModel) 
     [("smollm", ["1", "2", "3", "4", "5", "Ġgo"]), ("llama-bpe", ["123", "45", "Ġgo"]), ("gpt2", ["12345", "Ġgo"])],
 )
 def test_pre_tokenization_follows_the_files_pre_type(pre: str, pieces: list[str]) -> None:
-    from inference.tokenizer import _pre_tokenizer
+    from inference.tokenizer import pre_tokenizer
 
-    assert [p for p, _ in _pre_tokenizer(pre).pre_tokenize_str("12345 go")] == pieces
+    assert [p for p, _ in pre_tokenizer(pre).pre_tokenize_str("12345 go")] == pieces
 
 
 def test_a_llama3_style_file_loads(write_gguf: Any) -> None:

@@ -27,7 +27,8 @@ def test_it_decodes_in_the_format_fastest_at_one_row() -> None:
 
 
 def test_a_more_compact_format_within_a_near_tie_wins_the_decode() -> None:
-    """int4 keeps the file's own blocks: a re-quantized int8 must be clearly faster to displace it (it was not: 1.24 against
+    """int4 keeps the file's own blocks: a re-quantized int8 must be clearly faster to displace it (it was not: 1.24
+    against
     1.44 ms on one machine, and a busy machine's timings wobble more than that)."""
     assert decide(_timings(fp32=(4, 9), int8=(1.30, 8), int4=(1.44, 8.5))).decode is F.INT4
     assert decide(_timings(fp32=(4, 9), int8=(1.0, 8), int4=(1.44, 8.5))).decode is F.INT8  # 1.44x: clearly faster

@@ -17,21 +17,27 @@ def test_resampling_a_past_step_greedily_gives_the_token_the_run_chose(tiny_mode
     prompt = PROMPTS[1]
     run = [s.token_id for s in alone(tiny_model, sequence_request("r", prompt, max_tokens=8, ignore_eos=True))]
     for step in (0, 3, 7):
-        again = what_if.resample(tiny_model.model, tiny_model.stop_ids, prompt, run[:step], SamplingParams(temperature=0.0))
+        again = what_if.resample(
+            tiny_model.model, tiny_model.stop_ids, prompt, run[:step], SamplingParams(temperature=0.0)
+        )
         assert again.token_id == run[step]
         assert again.detail is not None and again.detail.candidates[0].token_id == run[step]
 
 
 def test_resampling_the_first_step_with_the_runs_seed_draws_the_same_token(tiny_model: LoadedModel) -> None:
-    params = dict(temperature=1.3, top_p=0.95, seed=11)
+    params = {"temperature": 1.3, "top_p": 0.95, "seed": 11}
     first = alone(tiny_model, sequence_request("r", PROMPTS[0], max_tokens=1, ignore_eos=True, **params))[0]
     again = what_if.resample(tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(**params))
     assert again.token_id == first.token_id and again.detail is not None and again.detail.draw is not None
 
 
 def test_other_settings_change_that_steps_distribution(tiny_model: LoadedModel) -> None:
-    cool = what_if.resample(tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(temperature=0.5, seed=1))
-    warm = what_if.resample(tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(temperature=2.0, seed=1))
+    cool = what_if.resample(
+        tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(temperature=0.5, seed=1)
+    )
+    warm = what_if.resample(
+        tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(temperature=2.0, seed=1)
+    )
     assert cool.detail is not None and warm.detail is not None
     assert [c.raw_prob for c in cool.detail.candidates] == [
         c.raw_prob for c in warm.detail.candidates
@@ -39,7 +45,9 @@ def test_other_settings_change_that_steps_distribution(tiny_model: LoadedModel) 
     assert (
         cool.detail.candidates[0].adjusted_prob > warm.detail.candidates[0].adjusted_prob
     )  # a cooler, sharper distribution
-    only_best = what_if.resample(tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(temperature=1.0, top_k=1, seed=1))
+    only_best = what_if.resample(
+        tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(temperature=1.0, top_k=1, seed=1)
+    )
     assert only_best.token_id == cool.detail.candidates[0].token_id and only_best.detail is not None
     assert only_best.detail.kept == 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -86,7 +87,7 @@ def test_a_saved_result_opens_read_only_at_its_link_and_exports(
     other.close()
     with bench.expect_download() as exported:
         bench.click("#export-json")
-    assert json.loads(open(exported.value.path()).read())["lanes"][0]["runs"][0]["tokens"] == 8
+    assert json.loads(Path(exported.value.path()).read_text())["lanes"][0]["runs"][0]["tokens"] == 8
 
 
 def test_two_saved_results_compare_side_by_side(bench: Any, daphne_server: Any) -> None:

@@ -205,7 +205,8 @@ def test_an_exported_run_replays_without_the_model(page: Any, tmp_path: Path, sc
     page.set_input_files("#import-run", str(path))
     page.click("#replay-run")
     page.wait_for_function(
-        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'",
+        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New "
+        "Delhi.'",
         timeout=30000,
     )
     assert page.inner_text(".bubble.user .text").startswith("(replay)")
@@ -261,7 +262,7 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(
     # hovering a cell names its token, position and the weight the trace carries
     recorded = exported(page, tmp_path)
     last = [f for f in trace_events(recorded, "forward") if f["detail"]][-1]["detail"]["attention"]
-    layers, n_heads, positions = last["shape"]
+    _, n_heads, positions = last["shape"]
     raw = base64.b64decode(last["data"])
     weight = raw[(29 * n_heads + 2) * positions + 19] / 255 * last["row_max"][29][2]
     canvas = page.locator(f"{heads} canvas")
@@ -305,7 +306,8 @@ def test_every_prompt_row_of_a_layer_is_recomputed_on_demand(page: Any, screensh
     assert page.inner_text(f'{forward} [data-field="matrix-full"]').startswith("Every prompt row")
     page.click(f'{forward} [data-field="matrix-full"]')
     page.wait_for_function(
-        f"document.querySelector('{forward} [data-field=\"matrix-status\"]').textContent.startsWith('every prompt row')",
+        f"document.querySelector('{forward} [data-field=\"matrix-status\"]')"
+        ".textContent.startsWith('every prompt row')",
         timeout=30000,
     )
     rows = page.locator(f"{matrix} .hm-row").all_inner_texts()
@@ -373,8 +375,8 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert lens.count() == 6 and lens.last.get_attribute("class") == "picked"
     last = lens.last.locator("td").all_inner_texts()
     assert (
-        last[0]
-        == f"{detail['logit_lens_after_attention'][-1]['token'].replace(' ', '·')} {detail['logit_lens_after_attention'][-1]['prob'] * 100:.1f}%"
+        last[0] == f"{detail['logit_lens_after_attention'][-1]['token'].replace(' ', '·')} "
+        f"{detail['logit_lens_after_attention'][-1]['prob'] * 100:.1f}%"
     )
     assert last[1].startswith("<|im_end|>")
     screenshot(page.locator(forward), "forward-both-halves")
@@ -399,7 +401,8 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert "Shuffle the words" in page.inner_text(rope) and "base 100000 and d = 64" in page.inner_text(rope)
     screenshot(page.locator(rope), "forward-rope")
 
-    # a recording made before the halves and RoPE numbers were traced still replays (the page's fixture fails on any script error)
+    # a recording made before the halves and RoPE numbers were traced still replays (the page's fixture fails on any
+    # script error)
     for f in recorded["frames"]:
         event = f["frame"].get("event") or {}
         for key in ("attention_update_norms", "feed_forward_update_norms", "logit_lens_after_attention", "top_neurons"):
@@ -411,7 +414,8 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     page.set_input_files("#import-run", str(old))
     page.click("#replay-run")
     page.wait_for_function(
-        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'",
+        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New "
+        "Delhi.'",
         timeout=30000,
     )
     page.wait_for_timeout(300)
@@ -481,7 +485,8 @@ def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(
     page.click("#replay-tour")
     said = walk_the_tour(page)
     page.wait_for_function(
-        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New Delhi.'",
+        "document.querySelector('.bubble.assistant:last-child .text').textContent === 'The capital of India is New "
+        "Delhi.'",
         timeout=30000,
     )
     assert "[1780, 506, 260, 3575, 282, 3089, 47]" in said[2] and "Time to first token" in said[-1]

@@ -20,10 +20,10 @@ CHAT = {
 }
 
 
-async def _until(communicator: WebsocketCommunicator, kind: str, timeout: float = 30) -> list[dict[str, Any]]:
+async def _until(communicator: WebsocketCommunicator, kind: str, wait: float = 30) -> list[dict[str, Any]]:
     frames = []
     while True:
-        frame = await communicator.receive_json_from(timeout=timeout)
+        frame = await communicator.receive_json_from(timeout=wait)
         frames.append(frame)
         if frame["type"] == kind:
             return frames
@@ -221,7 +221,8 @@ def test_the_page_can_ask_what_if_a_step_had_been_sampled_otherwise(with_worker:
 def test_an_unexpected_failure_mid_turn_gets_an_error_frame_and_an_error_row(
     with_worker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The page's turn runs the gateway's one lifecycle: a bug anywhere in generation is a server_error frame (without its
+    """The page's turn runs the gateway's one lifecycle: a bug anywhere in generation is a server_error frame (without
+    its
     internal text), then the usage frame and done; the usage row says 500."""
     from webapp.gateway.client import Generation
 

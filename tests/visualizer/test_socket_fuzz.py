@@ -112,7 +112,7 @@ async def _settle(ws: WebsocketCommunicator) -> list[dict[str, Any]]:
         kinds = [f["type"] for f in seen]
         if "pong" in kinds and ("request" not in kinds or "done" in kinds):
             return seen
-        if "pong" in kinds and not cancelled and await ws.receive_nothing(timeout=2):
+        if "pong" in kinds and not cancelled and await ws.receive_nothing(timeout=0.5):
             await ws.send_json_to({"type": "cancel"})
             cancelled = True
         frame = await ws.receive_json_from(timeout=30)

@@ -358,7 +358,8 @@ def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, 
             "NaN is not valid JSON",
         ),
         (
-            b'{"model": "tiny", "messages": [{"role": "system", "content": "\\ud800"}, {"role": "user", "content": "hi"}]}',
+            b'{"model": "tiny", "messages": [{"role": "system", "content": "\\ud800"}, {"role": "user", "content": '
+            b'"hi"}]}',
             {},
             400,
             "'messages[0].content' contains a lone UTF-16 surrogate",

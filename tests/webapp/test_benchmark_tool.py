@@ -1,5 +1,6 @@
 """The benchmark tool against a live server (tiny model): every request accounted for, and its numbers agree with
-the server's usage log — output tokens exactly; TTFT within 1 s (the client's clock also counts HTTP and the loopback)."""
+the server's usage log — output tokens exactly; TTFT within 1 s (the client's clock also counts HTTP and the
+loopback)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def test_it_refuses_unbounded_or_contradictory_runs() -> None:
 
 
 def _main(argv: list[str]) -> int:
-    """The tool runs its own event loop: give it a thread (Playwright's loop may own this one after the browser tests)."""
+    """The tool runs its own event loop: give it a thread (Playwright's loop may own this one after the browser
+    tests)."""
     with ThreadPoolExecutor(1) as thread:
         return thread.submit(main, argv).result()

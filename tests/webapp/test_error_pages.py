@@ -13,6 +13,8 @@ from servers import ROOT, server_env
 
 from webapp import urls as site_urls
 
+pytestmark = pytest.mark.live  # reads the settings in fresh processes
+
 
 def _boom(request: object) -> None:
     raise RuntimeError("SECRET_SETTING_VALUE in a traceback")

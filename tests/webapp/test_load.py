@@ -20,6 +20,8 @@ import pytest
 from loops import run_async
 from servers import free_port, manage, metric_samples, metric_value, server_env, start, stop, wait_ready
 
+pytestmark = pytest.mark.live  # starts a server of its own
+
 CLIENTS = 32
 LEAVING = CLIENTS // 4
 MAX_TOKENS = 40
@@ -115,7 +117,7 @@ def test_32_streams_at_once_each_get_their_own_answer_and_leave_one_usage_row(
     ids = [r[0] for r in rows]
     burst_ids = [o.request_id for o in outcomes]
     assert all(ids.count(rid) == 1 for rid in burst_ids)  # exactly one row for every request of the burst
-    statuses = {rid: status for rid, status in rows}
+    statuses = dict(rows)
     assert {statuses[o.request_id] for o in outcomes if not o.left} == {200}
     assert all(
         statuses[o.request_id] in (200, 499) for o in outcomes if o.left

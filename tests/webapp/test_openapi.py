@@ -1,4 +1,4 @@
-"""The served OpenAPI document is generated from the request models, and the README's example requests fit it."""
+"""The served OpenAPI document is generated from the request models, and the example requests in docs/api.md fit it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from webapp.api.openapi import openapi_spec
 from webapp.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 EXAMPLE = re.compile(r"```http\nPOST /v1(\S+)\n(.*?)\n```", re.S)
 
 
@@ -32,7 +32,7 @@ def test_the_document_is_the_request_models_schemas() -> None:
 
 
 def _examples() -> list[tuple[str, dict[str, Any]]]:
-    return [(path, json.loads(body)) for path, body in EXAMPLE.findall(README.read_text())]
+    return [(path, json.loads(body)) for path, body in EXAMPLE.findall(API_DOC.read_text())]
 
 
 def test_the_readme_has_examples_for_every_post_endpoint() -> None:

@@ -62,8 +62,15 @@ def _finished(m: dict[str, Any]) -> bool:
 
 def _generate(request_id: str, max_tokens: int = 20, **extra: Any) -> wire.Generate:
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens)
-    return wire.Generate(request_id=request_id, model="tiny", reply_to=f"reply.{request_id}", messages=HI, params=params,
-                         sent_at=time.time(), **extra)
+    return wire.Generate(
+        request_id=request_id,
+        model="tiny",
+        reply_to=f"reply.{request_id}",
+        messages=HI,
+        params=params,
+        sent_at=time.time(),
+        **extra,
+    )
 
 
 @pytest.fixture

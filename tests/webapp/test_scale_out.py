@@ -31,6 +31,8 @@ from servers import (
     wait_ready,
 )
 
+pytestmark = pytest.mark.live  # starts web processes and workers of its own
+
 HI = [{"role": "user", "content": "the heat is on"}]
 
 
@@ -67,7 +69,7 @@ def cluster(
 def test_two_web_processes_share_one_worker_the_limits_and_the_database(
     cluster: tuple[list[str], dict[str, str], list[Path]],
 ) -> None:
-    urls, env, logs = cluster
+    urls, env, _ = cluster
     key = manage(env, "createapikey", "cluster", "--rpm", "3").strip()
     clear_of_minute_edge()
     answers = []
@@ -192,7 +194,8 @@ def test_two_workers_share_the_load_and_a_killed_one_fails_only_its_own_streams(
         survivor = next(w for w in _live_workers(url))
         with psycopg.connect(env["DATABASE_URL"]) as db:
             rows = db.execute(
-                "SELECT request_id, status, error_code, worker FROM usage_usagerecord WHERE endpoint = 'chat.completions'"
+                "SELECT request_id, status, error_code, worker FROM usage_usagerecord WHERE endpoint = "
+                "'chat.completions'"
             ).fetchall()
         assert len(rows) == 6 and len({r[0] for r in rows}) == 6
         assert sorted((r[1], r[2]) for r in rows if r[3] == victim_id) == [(503, "worker_lost")] * sum(

@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from django.test import override_settings
 from loops import run_async
 
 from inference.params import SamplingParams
-
 from webapp.api.completions import choices_for, completion
 from webapp.api.protocol import ChatCompletionRequest
 from webapp.api.responses import chat_stream, complete
@@ -34,7 +32,9 @@ class ScriptedGeneration(Generation):
     """A generation whose replies are scripted; `fail` raises where the worker would report an error."""
 
     def __init__(self, events: list[wire.TraceEvent | Exception]) -> None:
-        request = wire.Generate(request_id="chatcmpl-test", model="tiny", reply_to="reply.test", messages=[], params=SamplingParams())
+        request = wire.Generate(
+            request_id="chatcmpl-test", model="tiny", reply_to="reply.test", messages=[], params=SamplingParams()
+        )
         super().__init__(None, request, None)  # type: ignore[arg-type]
         self.script = events
         self.cancelled = False
@@ -73,7 +73,9 @@ def _stream_of(generation: Generation) -> AsyncIterator[bytes]:
     return chat_stream(_turn(generation), _request(), choices_for(1, False))
 
 
-SAMPLED = wire.Sampled(t=0.0, step=1, token_id=5, token="Hi", bytes=[72, 105], logprob=-0.1, rank=1, is_stop=False, duration=0.0)
+SAMPLED = wire.Sampled(
+    t=0.0, step=1, token_id=5, token="Hi", bytes=[72, 105], logprob=-0.1, rank=1, is_stop=False, duration=0.0
+)
 TEXT = wire.TextDelta(t=0.0, step=1, token_id=5, token="Hi", text="Hi", pending_bytes=[], held_text="")
 
 

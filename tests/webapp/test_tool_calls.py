@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -9,7 +10,10 @@ import pytest
 
 from webapp.api.tool_calls import ToolCallParser
 
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "units": {"t": "C"}, "note": "a } in \\" text"}}\n</tool_call>'
+CALL = (
+    '<tool_call>\n{"name": "get_weather", "arguments": '
+    '{"city": "Paris", "units": {"t": "C"}, "note": "a } in \\" text"}}\n</tool_call>'
+)
 
 
 def run(text: str, cuts: list[int]) -> tuple[str, list[dict], ToolCallParser]:
@@ -17,7 +21,7 @@ def run(text: str, cuts: list[int]) -> tuple[str, list[dict], ToolCallParser]:
     content: list[str] = []
     deltas: list[dict] = []
     edges = [0, *sorted(cuts), len(text)]
-    for a, b in zip(edges, edges[1:]):
+    for a, b in itertools.pairwise(edges):
         piece, calls = parser.feed(text[a:b])
         content.append(piece)
         deltas += [d.as_delta() for d in calls]

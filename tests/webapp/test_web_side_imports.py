@@ -1,11 +1,15 @@
-"""The web side (views, consumers, gateway, API) talks to the engine only over the channel layer: it never imports torch."""
+"""The web side (views, consumers, gateway, API) talks to the engine only over the channel layer: it never imports
+torch."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 from servers import ROOT
+
+pytestmark = pytest.mark.live  # imports the web side in a fresh interpreter
 
 WEB_MODULES = [
     "webapp.urls",
@@ -15,7 +19,9 @@ WEB_MODULES = [
     "webapp.gateway.client",
     "webapp.metrics.views",
     "webapp.worker.registry",
-    "webapp.worker.protocol",
+    "webapp.worker.wire",
+    "webapp.catalog",
+    "visualizer.watch",
     "webapp.worker.inprocess",
 ]
 

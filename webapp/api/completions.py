@@ -43,7 +43,9 @@ class Choice:
         if isinstance(event, wire.Sampled):
             if self.want_logprobs and not event.is_stop:
                 top = [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in event.top_logprobs]
-                self.pending.append({"token": event.token, "logprob": event.logprob, "bytes": event.bytes, "top_logprobs": top})
+                self.pending.append(
+                    {"token": event.token, "logprob": event.logprob, "bytes": event.bytes, "top_logprobs": top}
+                )
             return None
         if not isinstance(event, (wire.TextDelta, wire.Finished)):
             return None

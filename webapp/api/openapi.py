@@ -35,28 +35,70 @@ def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
-def openapi_spec(server_url: str) -> dict[str, Any]:
-    """Generated from the request models in `webapp.api.protocol`: what validates a request is what this describes."""
-    components: dict[str, Any] = {
-        "Error": {
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
             "type": "object",
             "properties": {
-                "error": {
-                    "type": "object",
-                    "properties": {
-                        "message": {"type": "string"},
-                        "type": {"type": "string"},
-                        "param": {"type": ["string", "null"]},
-                        "code": {"type": ["string", "null"]},
-                    },
-                }
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
             },
         }
+    },
+}
+GENERATION_ERRORS = (400, 401, 403, 404, 405, 413, 429, 431, 500, 503)
+STREAMED = {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}}
+
+
+def _post(
+    summary: str, request: dict[str, Any], answer: str, errors: tuple[int, ...], streamed: bool = False
+) -> dict[str, Any]:
+    """A POST operation: its request body's schema, what a 200 holds, and the errors it may answer with."""
+    ok: dict[str, Any] = {"description": answer, **({"content": STREAMED} if streamed else {})}
+    body = {"required": True, "content": {"application/json": {"schema": request}}}
+    return {"post": {"summary": summary, "requestBody": body, "responses": {"200": ok, **_errors(*errors)}}}
+
+
+def openapi_spec(server_url: str) -> dict[str, Any]:
+    """Generated from the request models in `webapp.api.protocol`: what validates a request is what this describes."""
+    components: dict[str, Any] = {"Error": ERROR_SCHEMA}
+    paths = {
+        "/chat/completions": _post(
+            "Create a chat completion (stream with SSE when stream is true)",
+            _schema(ChatCompletionRequest, components),
+            "A chat.completion object, or text/event-stream of chat.completion.chunk objects ending with [DONE]",
+            GENERATION_ERRORS,
+            streamed=True,
+        ),
+        "/completions": _post(
+            "Continue a raw text prompt (legacy completions, no chat template; SSE when stream is true)",
+            _schema(CompletionRequest, components),
+            "A text_completion object, or text/event-stream of text_completion chunks ending with [DONE]",
+            GENERATION_ERRORS,
+            streamed=True,
+        ),
+        "/models": {
+            "get": {
+                "summary": "List the models this key may use",
+                "responses": {"200": {"description": "A list of models"}, **_errors(401, 500)},
+            }
+        },
+        "/tokenize": _post(
+            "Token ids and token strings for a text",
+            _schema(TokenizeRequest, components),
+            "ids, tokens, spans and count (and for messages the rendered prompt and its segments)",
+            (400, 401, 403, 404, 413, 431, 500, 503),
+        ),
+        "/detokenize": _post(
+            "The text that token ids spell",
+            _schema(DetokenizeRequest, components),
+            "text",
+            (400, 401, 403, 404, 413, 431, 500, 503),
+        ),
     }
-    chat_request = _schema(ChatCompletionRequest, components)
-    completion_request = _schema(CompletionRequest, components)
-    tokenize_request = _schema(TokenizeRequest, components)
-    detokenize_request = _schema(DetokenizeRequest, components)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -66,64 +108,6 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
         },
         "servers": [{"url": server_url}],
         "security": [{"bearer": []}],
-        "paths": {
-            "/chat/completions": {
-                "post": {
-                    "summary": "Create a chat completion (stream with SSE when stream is true)",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": chat_request}}},
-                    "responses": {
-                        "200": {
-                            "description": "A chat.completion object, or text/event-stream of chat.completion.chunk objects ending with [DONE]",
-                            "content": {
-                                "application/json": {"schema": {"type": "object"}},
-                                "text/event-stream": {"schema": {"type": "string"}},
-                            },
-                        },
-                        **_errors(400, 401, 403, 404, 405, 413, 429, 431, 500, 503),
-                    },
-                }
-            },
-            "/completions": {
-                "post": {
-                    "summary": "Continue a raw text prompt (legacy completions, no chat template; SSE when stream is true)",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": completion_request}}},
-                    "responses": {
-                        "200": {
-                            "description": "A text_completion object, or text/event-stream of text_completion chunks ending with [DONE]",
-                            "content": {
-                                "application/json": {"schema": {"type": "object"}},
-                                "text/event-stream": {"schema": {"type": "string"}},
-                            },
-                        },
-                        **_errors(400, 401, 403, 404, 405, 413, 429, 431, 500, 503),
-                    },
-                }
-            },
-            "/models": {
-                "get": {
-                    "summary": "List the models this key may use",
-                    "responses": {"200": {"description": "A list of models"}, **_errors(401, 500)},
-                }
-            },
-            "/tokenize": {
-                "post": {
-                    "summary": "Token ids and token strings for a text",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": tokenize_request}}},
-                    "responses": {
-                        "200": {
-                            "description": "ids, tokens, spans and count (and for messages the rendered prompt and its segments)"
-                        },
-                        **_errors(400, 401, 403, 404, 413, 431, 500, 503),
-                    },
-                }
-            },
-            "/detokenize": {
-                "post": {
-                    "summary": "The text that token ids spell",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": detokenize_request}}},
-                    "responses": {"200": {"description": "text"}, **_errors(400, 401, 403, 404, 413, 431, 500, 503)},
-                }
-            },
-        },
+        "paths": paths,
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": components},
     }

@@ -150,7 +150,8 @@ class SamplingFields(StrictModel):
     ) = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = Field(
         None,
-        description="Makes sampling repeatable (under the same system_fingerprint); with n > 1, choice i uses seed + i.",
+        description="Makes sampling repeatable (under the same system_fingerprint); "
+        "with n > 1, choice i uses seed + i.",
     )
     n: Annotated[int, Field(ge=1, le=MAX_N)] = Field(
         1, description=f"Choices to generate (at most {MAX_N}): one prefill, decoded together."

@@ -149,5 +149,3 @@ def text_stream(turn: Turn, body: CompletionRequest, choices: list[Choice], echo
 
     done: set[int] = set()
     return guarded_sse(turn, events())
-
-

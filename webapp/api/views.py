@@ -157,7 +157,9 @@ async def chat_completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     choices = choices_for(body.n, body.logprobs, tools=bool(body.offered_tools))
     if body.stream:
         headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingHttpResponse(chat_stream(turn, body, choices), content_type="text/event-stream", headers=headers)
+        return StreamingHttpResponse(
+            chat_stream(turn, body, choices), content_type="text/event-stream", headers=headers
+        )
     return await complete(turn, choices, lambda created: completion(turn, created, choices))
 
 
@@ -218,7 +220,13 @@ async def tokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
         return await _refused(turn, exc)
     turn.usage.prompt_tokens = len(answer.ids)
     await turn.settle()
-    out: dict[str, Any] = {"model": route.id, "ids": answer.ids, "tokens": answer.tokens, "spans": answer.spans, "count": len(answer.ids)}
+    out: dict[str, Any] = {
+        "model": route.id,
+        "ids": answer.ids,
+        "tokens": answer.tokens,
+        "spans": answer.spans,
+        "count": len(answer.ids),
+    }
     if body.messages is not None:
         out |= {"prompt": answer.text, "segments": wire.plain(answer.segments)}
     return JsonResponse(out)

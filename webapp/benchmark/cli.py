@@ -124,7 +124,12 @@ async def run(args: argparse.Namespace, console: Console) -> tuple[list[LevelRun
                 )
             task = bar.add_task(level.name, total=len(items))
             level_run = await run_level(
-                endpoint, level, items, settings, args.seed + i, lambda r, task=task: bar.advance(task)  # type: ignore[misc]
+                endpoint,
+                level,
+                items,
+                settings,
+                args.seed + i,
+                lambda r, task=task: bar.advance(task),  # type: ignore[misc]
             )
             runs.append(level_run)
             summaries.append(level_run.summary(targets))

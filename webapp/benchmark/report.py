@@ -24,7 +24,8 @@ def _ms(value: float) -> str:
 
 
 def print_table(summaries: Sequence[dict[str, Any]], console: Console) -> None:
-    """Per level: throughput, goodput and errors; each latency's mean/p50/p90/p99/max; server clocks beside the client's."""
+    """Per level: throughput, goodput and errors; each latency's mean/p50/p90/p99/max; server clocks beside the
+    client's."""
     table = Table(title="throughput, measured on the client")
     for column in ("level", "ok / sent", "requests/s", "output tokens/s", "goodput", "errors"):
         table.add_column(column, justify="right")

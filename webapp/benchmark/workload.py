@@ -19,7 +19,33 @@ import httpx2 as httpx
 
 from webapp.benchmark.client import Endpoint
 
-WORDS = ["time", "river", "light", "story", "city", "garden", "music", "ocean", "mountain", "window", "letter", "bridge", "morning", "winter", "signal", "harbor", "engine", "forest", "library", "market", "voice", "paper", "silver", "lantern", "journey"]
+WORDS = [
+    "time",
+    "river",
+    "light",
+    "story",
+    "city",
+    "garden",
+    "music",
+    "ocean",
+    "mountain",
+    "window",
+    "letter",
+    "bridge",
+    "morning",
+    "winter",
+    "signal",
+    "harbor",
+    "engine",
+    "forest",
+    "library",
+    "market",
+    "voice",
+    "paper",
+    "silver",
+    "lantern",
+    "journey",
+]
 
 
 @dataclass(frozen=True)
@@ -55,7 +81,8 @@ def synthetic_prompt(rng: random.Random, words: int, index: int) -> str:
 async def exact_prompt(
     client: httpx.AsyncClient, endpoint: Endpoint, rng: random.Random, tokens: int, index: int
 ) -> str:
-    """A prompt of exactly `tokens` tokens by the server's own tokenizer, when it has /v1/tokenize; else ~1 token per word."""
+    """A prompt of exactly `tokens` tokens by the server's own tokenizer, when it has /v1/tokenize; else ~1 token per
+    word."""
     text = synthetic_prompt(rng, tokens, index)
     try:
         for _ in range(4):  # words are mostly one token: adjust by the difference until it matches

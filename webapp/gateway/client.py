@@ -44,13 +44,23 @@ def _layer() -> BaseChannelLayer:
 
 
 def _layer_failed(exc: BaseException) -> GatewayError:
-    return GatewayError(503, f"The channel layer failed ({type(exc).__name__}); retry shortly.", "server_error",
-                        "channel_layer_error", headers={"Retry-After": "2"})
+    return GatewayError(
+        503,
+        f"The channel layer failed ({type(exc).__name__}); retry shortly.",
+        "server_error",
+        "channel_layer_error",
+        headers={"Retry-After": "2"},
+    )
 
 
 def _worker_lost(worker: str) -> GatewayError:
-    return GatewayError(503, f"The inference worker {worker} stopped answering (no heartbeat for {registry.HEARTBEAT_TTL} s); retry.",
-                        "server_error", "worker_lost", headers={"Retry-After": "1"})
+    return GatewayError(
+        503,
+        f"The inference worker {worker} stopped answering (no heartbeat for {registry.HEARTBEAT_TTL} s); retry.",
+        "server_error",
+        "worker_lost",
+        headers={"Retry-After": "1"},
+    )
 
 
 async def _send(layer: BaseChannelLayer, channel: str, message: wire.Wire) -> None:
@@ -87,8 +97,12 @@ class Replies:
         except wire.WireError as exc:
             request_id = data.get("request_id") if isinstance(data, dict) else None
             log.error("unreadable reply from worker %s for %s: %s", self.worker, request_id, exc)
-            raise GatewayError(502, f"The inference worker sent a reply this server cannot read ({exc}).", "server_error",
-                               "bad_worker_reply") from None
+            raise GatewayError(
+                502,
+                f"The inference worker sent a reply this server cannot read ({exc}).",
+                "server_error",
+                "bad_worker_reply",
+            ) from None
         _raise_for(reply)
         return reply
 
@@ -106,11 +120,18 @@ class Replies:
                 except Exception as exc:  # Redis down or the like: an answer in the API's own format, not a crash
                     raise _layer_failed(exc) from exc
                 return message
-            if self.worker is not None and not await sync_to_async(registry.is_alive, thread_sensitive=False)(self.worker):
+            if self.worker is not None and not await sync_to_async(registry.is_alive, thread_sensitive=False)(
+                self.worker
+            ):
                 raise _worker_lost(self.worker)
             if deadline is not None and time.monotonic() > deadline:
-                raise GatewayError(503, "The inference worker did not answer in time; retry shortly.", "server_error",
-                                   "worker_timeout", headers={"Retry-After": "5"})
+                raise GatewayError(
+                    503,
+                    "The inference worker did not answer in time; retry shortly.",
+                    "server_error",
+                    "worker_timeout",
+                    headers={"Retry-After": "5"},
+                )
 
     def close(self) -> None:
         if self._receiving is not None:
@@ -148,7 +169,6 @@ class Generation:
         self.replies = Replies(layer, request.reply_to, worker)
         self.control: str | None = None
         self.worker = worker
-        self.ahead = 0  # requests waiting before this one, as the worker last said
         self.accepted: wire.Accepted | None = None
         self.finished: wire.Finished | None = None  # set once every choice finished (the first choice's event)
         self.finished_choices: dict[int, wire.Finished] = {}
@@ -166,7 +186,6 @@ class Generation:
 
     def _queued(self, reply: wire.Queued) -> None:
         self.control = reply.control
-        self.ahead = reply.ahead
         if self.worker is None:  # sent to the shared channel: now we know who took it
             self.worker = self.replies.worker = reply.worker
             registry.in_flight[self.worker] += 1
@@ -181,7 +200,6 @@ class Generation:
                     self.cancelled = True
                     return
                 if isinstance(reply, wire.Waiting):
-                    self.ahead = reply.ahead
                     yield reply
                 elif isinstance(reply, wire.Events):
                     for event in reply.events:
@@ -195,12 +213,6 @@ class Generation:
         self.finished_choices[index] = event
         if len(self.finished_choices) == self.request.n:
             self.finished = self.finished_choices.get(0, event)
-
-    async def events(self) -> AsyncIterator[wire.TraceEvent]:
-        """The trace events until "finished" (or the worker confirms a cancel)."""
-        async for message in self.messages():
-            if isinstance(message, ChoiceEvent):
-                yield message.event
 
     async def next_token(self) -> None:
         """Step mode: let the worker produce the next token."""
@@ -238,8 +250,16 @@ async def generate(
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
     channel, worker = await _target(route)
-    request = wire.Generate(request_id=request_id or new_request_id(), model=route.id, reply_to=reply_to, messages=messages,
-                            params=params, level=level, sent_at=time.time(), **options)
+    request = wire.Generate(
+        request_id=request_id or new_request_id(),
+        model=route.id,
+        reply_to=reply_to,
+        messages=messages,
+        params=params,
+        level=level,
+        sent_at=time.time(),
+        **options,
+    )
     generation = Generation(layer, request, worker)
     try:
         await _send(layer, channel, request)
@@ -270,9 +290,13 @@ async def _ask(route: ModelRoute, question: type[Q], answer: type[R], **fields: 
 
 
 async def tokenize(
-    route: ModelRoute, text: str | None = None, messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None
+    route: ModelRoute,
+    text: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> wire.Tokens:
-    """Ids and token strings for plain `text`, or for `messages` (and `tools`) rendered with the model's chat template."""
+    """Ids and token strings for plain `text`, or for `messages` (and `tools`) rendered with the model's chat
+    template."""
     if messages is not None:
         return await _ask(route, wire.Tokenize, wire.Tokens, messages=messages, tools=tools or None)
     return await _ask(route, wire.Tokenize, wire.Tokens, text=text or "")
@@ -288,10 +312,15 @@ async def inspect(route: ModelRoute, ids: list[int]) -> wire.LayerDetail:
 
 
 async def prompt_attention(route: ModelRoute, ids: list[int], layer: int) -> wire.Attention:
-    """The prefill's token x token attention at `layer` for the prompt `ids` (its first 256 positions), by the worker."""
+    """The prefill's token x token attention at `layer` for the prompt `ids` (its first 256 positions), by the
+    worker."""
     return (await _ask(route, wire.PromptAttention, wire.PromptAttentionMatrix, ids=ids, layer=layer)).attention
 
 
-async def resample(route: ModelRoute, prompt_ids: list[int], generated: list[int], params: SamplingParams) -> wire.Sampled:
+async def resample(
+    route: ModelRoute, prompt_ids: list[int], generated: list[int], params: SamplingParams
+) -> wire.Sampled:
     """The sampled event of a past step drawn again with `params` (after `prompt_ids` + `generated`), by the worker."""
-    return (await _ask(route, wire.Resample, wire.Resampled, prompt_ids=prompt_ids, generated=generated, params=params)).event
+    return (
+        await _ask(route, wire.Resample, wire.Resampled, prompt_ids=prompt_ids, generated=generated, params=params)
+    ).event

@@ -1,8 +1,8 @@
 """The gateway's checks, in order, each timed: authenticate, rate limits and budgets, route; then the usage log.
 
-`Admission` is what a request that passed carries along: who, which model, its limiter,
-the rate-limit state for the headers and the time every stage took. `record_usage`
-writes the usage row whatever happened, and gives back the concurrency slot.
+`RequestContext` is what the gateway knows about a request from its first byte: who, which model, its limiters,
+the rate-limit state for the headers and the time every stage took. `record_usage` writes the usage row whatever
+happened, and gives back the concurrency slot.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def record_usage(
     ttft: float | None = None,
     cached_tokens: int = 0,
 ) -> UsageRecord:
-    """The usage row for this request (and the gateway's counters); also settles its tokens and frees its concurrency slot."""
+    """The usage row for this request (and the gateway's counters); also settles its tokens and frees its concurrency
+    slot."""
     started = time.perf_counter()
     identity = ctx.identity
     for limiter in (ctx.limiter, ctx.address_limiter):

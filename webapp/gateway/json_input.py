@@ -41,7 +41,8 @@ def loads_object(text: str, what: str = "The request body") -> dict[str, Any]:
     where = lone_surrogate(value)
     if where is not None:
         raise BadJSON(
-            f"'{where}' contains a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is not text.",
+            f"'{where}' contains a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is not "
+            "text.",
             where,
         )
     return value

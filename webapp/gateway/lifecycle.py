@@ -59,6 +59,17 @@ def observe(observer: Observer) -> None:
         _observers.append(observer)
 
 
+def unobserve(observer: Observer) -> None:
+    """Stop hearing about turns."""
+    if observer in _observers:
+        _observers.remove(observer)
+
+
+def observers() -> tuple[Observer, ...]:
+    """Who hears about turns now."""
+    return tuple(_observers)
+
+
 @dataclass
 class Usage:
     """What a turn used so far: from the finished events when there are any, else counted as tokens come."""
@@ -137,7 +148,9 @@ class Turn:
         self.level = level
         for observer in _observers:
             await observer.starting(self)
-        self.generation = await client.generate(self.ctx.route, messages, params, self.level, self.ctx.request_id, **options)
+        self.generation = await client.generate(
+            self.ctx.route, messages, params, self.level, self.ctx.request_id, **options
+        )
         accepted = self.generation.accepted
         self.usage.prompt_tokens = accepted.prompt_tokens if accepted else 0
         self.ctx.worker = self.generation.worker or ""
@@ -185,7 +198,8 @@ class Turn:
         }
 
     async def messages(self) -> AsyncIterator[wire.Waiting | client.ChoiceEvent]:
-        """The worker's replies until the end ("waiting" updates and each choice's events), counted for the usage row."""
+        """The worker's replies until the end ("waiting" updates and each choice's events), counted for the usage
+        row."""
         assert self.generation is not None, "generate first"
         async for message in self.generation.messages():
             if isinstance(message, client.ChoiceEvent):

@@ -9,6 +9,7 @@ local memory and in Redis, which is what makes the limits exact under parallel r
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -178,10 +179,8 @@ class RateLimiter:
         """Give back the concurrency slot taken by `admit` (idempotent)."""
         if self._holding_stream:
             self._holding_stream = False
-            try:
+            with contextlib.suppress(ValueError):  # the slot counter expired: nothing left to give back
                 cache.decr(f"rt:streams:{self.bucket}")
-            except ValueError:  # the slot counter expired: nothing left to give back
-                pass
 
     def settle(self, tokens: int, now: float | None = None) -> None:
         """Charge the tokens a finished request used to the minute window and the budget period."""

@@ -12,5 +12,10 @@ def resolve(name: str) -> ModelRoute:
     if route is not None:
         return route
     valid = ", ".join(r.id for r in configured_models())
-    raise GatewayError(404, f"The model {name!r} does not exist. Available models: {valid}.", "invalid_request_error",
-                       "model_not_found", "model")
+    raise GatewayError(
+        404,
+        f"The model {name!r} does not exist. Available models: {valid}.",
+        "invalid_request_error",
+        "model_not_found",
+        "model",
+    )

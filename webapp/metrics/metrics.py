@@ -131,13 +131,15 @@ batch_size = Histogram(
 )
 step_seconds = Histogram(
     "roundtrip_step_seconds",
-    "One engine step: the batched forward, sampling every row and the scheduler's bookkeeping (not the delivery of its tokens).",
+    "One engine step: the batched forward, sampling every row and the scheduler's bookkeeping (not the delivery of its "
+    "tokens).",
     MODEL,
     buckets=_ITL,
 )
 step_delivery_seconds = Histogram(
     "roundtrip_step_delivery_seconds",
-    "After an engine step: its tokens serialized and sent on by the web side (the scheduler's deferred bookkeeping runs meanwhile). The engine waits for it, so it is part of every stream's gap between tokens.",
+    "After an engine step: its tokens serialized and sent on by the web side (the scheduler's deferred bookkeeping "
+    "runs meanwhile). The engine waits for it, so it is part of every stream's gap between tokens.",
     MODEL,
     buckets=_ITL,
 )

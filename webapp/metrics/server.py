@@ -1,4 +1,5 @@
-"""A worker process's own metrics endpoint (`runinferenceworker --metrics-port`), with the same access rule as `/metrics`.
+"""A worker process's own metrics endpoint (`runinferenceworker --metrics-port`), with the same access rule as
+`/metrics`.
 
 A worker of its own has no web server; Prometheus scrapes it here, beside each web
 process's `/metrics` (see the README on scraping).

@@ -28,7 +28,10 @@ class Outbox:
     it belongs to should stop."""
 
     def __init__(
-        self, layer: BaseChannelLayer, loop: asyncio.AbstractEventLoop, on_undeliverable: Callable[[str], None] = lambda _: None
+        self,
+        layer: BaseChannelLayer,
+        loop: asyncio.AbstractEventLoop,
+        on_undeliverable: Callable[[str], None] = lambda _: None,
     ) -> None:
         self._layer = layer
         self._loop = loop

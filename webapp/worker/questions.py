@@ -29,32 +29,45 @@ def tokenize(loaded: LoadedModel, question: wire.Tokenize) -> wire.Tokens:
     """Ids, token strings and spans of plain `text`, or of `messages` (and `tools`) rendered with the template."""
     if question.messages is not None:
         prompt = loaded.chat_template.render(cast(list[Message], question.messages), tools=question.tools)
-        return wire.Tokens(request_id=question.request_id, ids=prompt.ids, tokens=prompt.tokens, spans=list(prompt.spans),
-                           text=prompt.text, segments=serialize.segments(prompt.segments))
+        return wire.Tokens(
+            request_id=question.request_id,
+            ids=prompt.ids,
+            tokens=prompt.tokens,
+            spans=list(prompt.spans),
+            text=prompt.text,
+            segments=serialize.segments(prompt.segments),
+        )
     encoded = loaded.tokenizer.encode(question.text or "")
-    return wire.Tokens(request_id=question.request_id, ids=encoded.ids, tokens=encoded.tokens, spans=list(encoded.spans))
+    return wire.Tokens(
+        request_id=question.request_id, ids=encoded.ids, tokens=encoded.tokens, spans=list(encoded.spans)
+    )
 
 
 def detokenize(loaded: LoadedModel, question: wire.Detokenize) -> wire.Detokenized:
     vocab = loaded.tokenizer.vocab_size
     if any(not 0 <= i < vocab for i in question.ids):
         raise InvalidRequestError(f"'tokens' must be token ids below {vocab}", "tokens")
-    return wire.Detokenized(request_id=question.request_id, text=loaded.tokenizer.decode(question.ids, control_text=True))
+    return wire.Detokenized(
+        request_id=question.request_id, text=loaded.tokenizer.decode(question.ids, control_text=True)
+    )
 
 
 def inspect(loaded: LoadedModel, question: wire.Inspect) -> wire.Inspection:
     """The full-level detail for the last position of the given ids, recomputed."""
     detail = what_if.inspect(loaded.model, checked_ids(loaded, question.ids, "ids"))
-    return wire.Inspection(request_id=question.request_id,
-                           detail=serialize.layer_detail(detail, loaded.tokenizer, INSPECT_BUDGET_POSITIONS))
+    return wire.Inspection(
+        request_id=question.request_id,
+        detail=serialize.layer_detail(detail, loaded.tokenizer, INSPECT_BUDGET_POSITIONS),
+    )
 
 
 def prompt_attention(loaded: LoadedModel, question: wire.PromptAttention) -> wire.PromptAttentionMatrix:
     """The prompt recomputed with every position's attention at one layer: the whole matrix."""
     ids = checked_ids(loaded, question.ids, "ids")[:PROMPT_MATRIX_POSITIONS]
     weights = what_if.prompt_attention(loaded.model, ids, question.layer)
-    return wire.PromptAttentionMatrix(request_id=question.request_id,
-                                      attention=serialize.attention_rows(weights.numpy(), PROMPT_MATRIX_POSITIONS))
+    return wire.PromptAttentionMatrix(
+        request_id=question.request_id, attention=serialize.attention_rows(weights.numpy(), PROMPT_MATRIX_POSITIONS)
+    )
 
 
 def resample(loaded: LoadedModel, question: wire.Resample) -> wire.Resampled:
@@ -62,8 +75,17 @@ def resample(loaded: LoadedModel, question: wire.Resample) -> wire.Resampled:
     prompt = checked_ids(loaded, question.prompt_ids, "prompt_ids")
     generated = checked_ids(loaded, question.generated, "generated", at_least=0, before=len(prompt))
     sample = what_if.resample(loaded.model, loaded.stop_ids, prompt, generated, question.params)
-    event = Sampled(time.perf_counter(), len(generated) + 1, sample.token_id, sample.logprob, sample.rank,
-                    sample.token_id in loaded.stop_ids, 0.0, sample.top_logprobs, sample.detail)
+    event = Sampled(
+        time.perf_counter(),
+        len(generated) + 1,
+        sample.token_id,
+        sample.logprob,
+        sample.rank,
+        sample.token_id in loaded.stop_ids,
+        0.0,
+        sample.top_logprobs,
+        sample.detail,
+    )
     return wire.Resampled(request_id=question.request_id, event=serialize.sampled(event, loaded.tokenizer))
 
 

@@ -11,6 +11,7 @@ through `emit`, which hands them to the event loop in order. One-shot questions 
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import queue
 import threading
@@ -162,7 +163,10 @@ class EngineRunner:
                 return
             served.pending += 1
             self._jobs[job.request_id] = job
-        self._emit(job.reply_to, wire.Queued(request_id=job.request_id, control=self._control, worker=self.worker_id, ahead=ahead))
+        self._emit(
+            job.reply_to,
+            wire.Queued(request_id=job.request_id, control=self._control, worker=self.worker_id, ahead=ahead),
+        )
         self._prepare.submit(self._prepare_job, served, job)
 
     def ask(self, model_id: str, question: wire.OneShot) -> None:
@@ -272,7 +276,8 @@ class EngineRunner:
             metrics.batch_size.labels(model_id).observe(scheduler.last_batch.batch_size)
 
     def _fail_all(self, model_id: str, served: Served, exc: Exception) -> None:
-        """A step (or its bookkeeping) failed for the whole batch: every request the scheduler holds ends in an error."""
+        """A step (or its bookkeeping) failed for the whole batch: every request the scheduler holds ends in an
+        error."""
         log.exception("a step of %s failed", model_id, exc_info=exc)
         for request_id in served.scheduler.drop_all():
             job = self._jobs.get(request_id)
@@ -333,10 +338,18 @@ class EngineRunner:
             return
         job.in_scheduler = True
         first = command.requests[0]
-        self._emit(job.reply_to, wire.Accepted(
-            request_id=job.request_id, control=self._control, worker=self.worker_id, weights=served.loaded.weights_description,
-            prompt_tokens=len(first.prompt_ids), seed=first.params.seed or 0, queued=time.perf_counter() - job.received_at,
-        ))
+        self._emit(
+            job.reply_to,
+            wire.Accepted(
+                request_id=job.request_id,
+                control=self._control,
+                worker=self.worker_id,
+                weights=served.loaded.weights_description,
+                prompt_tokens=len(first.prompt_ids),
+                seed=first.params.seed or 0,
+                queued=time.perf_counter() - job.received_at,
+            ),
+        )
         if command.tokenized is not None:
             self._emit(job.reply_to, wire.Events(request_id=job.request_id, events=[command.tokenized]))
         metrics.prompt_tokens.labels(job.model_id).inc(len(first.prompt_ids))
@@ -367,7 +380,10 @@ class EngineRunner:
         tokenizer = served.loaded.tokenizer
         events = [serialize.to_wire(event, tokenizer) for event in output.events]
         if events:
-            self._emit(job.reply_to, wire.Events(request_id=job.request_id, index=job.choices.get(output.request_id, 0), events=events))
+            self._emit(
+                job.reply_to,
+                wire.Events(request_id=job.request_id, index=job.choices.get(output.request_id, 0), events=events),
+            )
         for event in events:
             if isinstance(event, wire.Sampled) and job.message.step:
                 job.paused_since = time.perf_counter()
@@ -397,8 +413,13 @@ class EngineRunner:
         """Refresh what the heartbeat and the metrics say, and tell waiting pages their place in the queue."""
         scheduler = served.scheduler
         stats = scheduler.stats()
-        served.slots = wire.ModelSlots(running=stats.running, waiting=stats.waiting, max_batch=self.config.max_batch,
-                                       max_waiting=self.config.max_waiting, kv_usage=stats.kv_usage)
+        served.slots = wire.ModelSlots(
+            running=stats.running,
+            waiting=stats.waiting,
+            max_batch=self.config.max_batch,
+            max_waiting=self.config.max_waiting,
+            kv_usage=stats.kv_usage,
+        )
         metrics.num_requests_running.labels(model_id).set(stats.running)
         metrics.num_requests_waiting.labels(model_id).set(stats.waiting + served.pending)
         metrics.kv_cache_usage_perc.labels(model_id).set(stats.kv_usage)
@@ -409,7 +430,12 @@ class EngineRunner:
         served.prefix_seen = (stats.prefix_queried_tokens, stats.prefix_hit_tokens)
         for position, state in enumerate(scheduler.waiting):
             job = self._jobs.get(state.request_id)
-            if job is not None and state.request_id == job.request_id and job.level != TraceLevel.OFF and job.ahead != position:
+            if (
+                job is not None
+                and state.request_id == job.request_id
+                and job.level != TraceLevel.OFF
+                and job.ahead != position
+            ):
                 job.ahead = position
                 self._emit(job.reply_to, wire.Waiting(request_id=job.request_id, ahead=position))
 
@@ -438,5 +464,5 @@ def _observe_finished(model_id: str, finished: wire.Finished) -> None:
     metrics.request_decode_time.labels(model_id).observe(t.decode)
     itl = metrics.inter_token_latency.labels(model_id)
     times = t.token_times
-    for a, b in zip(times, times[1:]):
+    for a, b in itertools.pairwise(times):
         itl.observe(b - a)

@@ -14,7 +14,8 @@ from webapp.worker import wire
 
 @dataclass
 class Served:
-    """A loaded model: its pipeline (template, tokenizer), its engine, and its batch, queue and cache as of the last step."""
+    """A loaded model: its pipeline (template, tokenizer), its engine, and its batch, queue and cache as of the last
+    step."""
 
     pipeline: ChatPipeline
     engine: Engine
@@ -32,10 +33,13 @@ class Served:
 
     @classmethod
     def start(cls, loaded: LoadedModel, config: SchedulerConfig) -> Served:
-        """Ready to serve: warmed up, so the first real request does not pay for kernel selection and first-touch pages."""
+        """Ready to serve: warmed up, so the first real request does not pay for kernel selection and first-touch
+        pages."""
         pipeline = ChatPipeline(loaded)
         warm = pipeline.prepare([{"role": "user", "content": "Hello"}], SamplingParams(temperature=0.0, max_tokens=2))
         for _ in pipeline.stream(warm):
             pass
-        slots = wire.ModelSlots(running=0, waiting=0, max_batch=config.max_batch, max_waiting=config.max_waiting, kv_usage=0.0)
+        slots = wire.ModelSlots(
+            running=0, waiting=0, max_batch=config.max_batch, max_waiting=config.max_waiting, kv_usage=0.0
+        )
         return cls(pipeline, pipeline.engine(config), slots)

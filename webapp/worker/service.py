@@ -56,7 +56,9 @@ def loader(route: ModelRoute, show_progress: bool) -> Callable[[], LoadedModel]:
 
     def progress(p: LoadProgress) -> None:
         state: Literal["ready", "loading"] = "ready" if p.stage == "building" and p.fraction == 1.0 else "loading"
-        registry.publish_load(route.id, wire.ModelLoad(state=state, stage=p.stage, done=p.done, total=p.total, detail=p.detail))
+        registry.publish_load(
+            route.id, wire.ModelLoad(state=state, stage=p.stage, done=p.done, total=p.total, detail=p.detail)
+        )
         if terminal is not None:
             terminal(p)
 
@@ -66,10 +68,26 @@ def loader(route: ModelRoute, show_progress: bool) -> Callable[[], LoadedModel]:
         except Exception as exc:
             registry.publish_load(route.id, wire.ModelLoad(state="failed", detail=str(exc)))
             raise
-        log.info("model %s ready: %s on %s (%s) in %.2fs", route.id, loaded.path, loaded.device, loaded.weights_description,
-                 loaded.load_seconds)
-        registry.publish_load(route.id, wire.ModelLoad(state="ready", stage="building", done=2, total=2, detail="ready",
-                                                       weights=loaded.weights_description, device=str(loaded.device)))
+        log.info(
+            "model %s ready: %s on %s (%s) in %.2fs",
+            route.id,
+            loaded.path,
+            loaded.device,
+            loaded.weights_description,
+            loaded.load_seconds,
+        )
+        registry.publish_load(
+            route.id,
+            wire.ModelLoad(
+                state="ready",
+                stage="building",
+                done=2,
+                total=2,
+                detail="ready",
+                weights=loaded.weights_description,
+                device=str(loaded.device),
+            ),
+        )
         return loaded
 
     return load
@@ -90,7 +108,9 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
         loop.call_soon_threadsafe(ready[model_id].set)
 
     loaders = {route.id: loader(route, show_progress) for route in routes}
-    runner = EngineRunner(loaders, on_ready, outbox.emit, inbox, scheduler_config(), worker_id, outbox.settle, outbox.hold)
+    runner = EngineRunner(
+        loaders, on_ready, outbox.emit, inbox, scheduler_config(), worker_id, outbox.settle, outbox.hold
+    )
     outbox.on_undeliverable = runner.cancel
     tasks = [
         asyncio.create_task(outbox.run()),
@@ -110,8 +130,14 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
 async def _heartbeat(worker_id: str, inbox: str, runner: EngineRunner) -> None:
     """Tell the web side, every second, that this worker is alive and what it holds (from its first second)."""
     while True:
-        status = wire.WorkerStatus(worker=worker_id, channel=inbox, host=socket.gethostname(), pid=os.getpid(), t=time.time(),
-                                   models=runner.slots())
+        status = wire.WorkerStatus(
+            worker=worker_id,
+            channel=inbox,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            t=time.time(),
+            models=runner.slots(),
+        )
         try:
             await sync_to_async(registry.beat, thread_sensitive=False)(status)
         except Exception:  # the cache is down: keep trying, the web side will call this worker dead meanwhile
@@ -165,7 +191,11 @@ async def _dispatch_when_ready(
 
 
 async def _dispatch(
-    layer: BaseChannelLayer, message: wire.AnyRequest, model_id: str | None, runner: EngineRunner, ready: dict[str, asyncio.Event]
+    layer: BaseChannelLayer,
+    message: wire.AnyRequest,
+    model_id: str | None,
+    runner: EngineRunner,
+    ready: dict[str, asyncio.Event],
 ) -> None:
     """Hand one message to the runner; a failure is answered (when the message says where) and logged, never fatal."""
     try:
@@ -175,18 +205,31 @@ async def _dispatch(
             case wire.Next(request_id):
                 runner.next_token(request_id)
             case wire.Question():
-                await _answer(layer, message, model_id or message.model, runner, held=(model_id or message.model) in ready)
+                await _answer(
+                    layer, message, model_id or message.model, runner, held=(model_id or message.model) in ready
+                )
     except Exception:
         log.exception("handling %s %s failed", type(message).__name__, message.request_id)
 
 
-async def _answer(layer: BaseChannelLayer, message: wire.Generate | wire.OneShot, model_id: str, runner: EngineRunner, held: bool) -> None:
+async def _answer(
+    layer: BaseChannelLayer, message: wire.Generate | wire.OneShot, model_id: str, runner: EngineRunner, held: bool
+) -> None:
     if not held:
-        error = wire.Error(request_id=message.request_id, status=404, code="model_not_found", param="model",
-                           message=f"This worker does not hold {model_id!r}.")
+        error = wire.Error(
+            request_id=message.request_id,
+            status=404,
+            code="model_not_found",
+            param="model",
+            message=f"This worker does not hold {model_id!r}.",
+        )
     elif model_id in runner.failures:
-        error = wire.Error(request_id=message.request_id, status=503, code="model_unavailable",
-                           message=f"The model {model_id!r} could not be loaded: {runner.failures[model_id]}")
+        error = wire.Error(
+            request_id=message.request_id,
+            status=503,
+            code="model_unavailable",
+            message=f"The model {model_id!r} could not be loaded: {runner.failures[model_id]}",
+        )
     elif isinstance(message, wire.Generate):
         runner.submit(model_id, message)
         return
@@ -202,8 +245,12 @@ async def _refuse_malformed(layer: BaseChannelLayer, data: object, exc: wire.Wir
     reply_to = data.get("reply_to") if isinstance(data, dict) else None
     log.error("malformed message %s: %s", request_id or "(no request id)", exc)
     if isinstance(reply_to, str) and reply_to:
-        error = wire.Error(request_id=str(request_id or ""), status=400, code="malformed_message",
-                           message=f"The inference worker could not read this request: {exc}")
+        error = wire.Error(
+            request_id=str(request_id or ""),
+            status=400,
+            code="malformed_message",
+            message=f"The inference worker could not read this request: {exc}",
+        )
         try:
             await layer.send(reply_to, wire.encode(error))
         except Exception:

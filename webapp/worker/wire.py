@@ -240,7 +240,9 @@ class Question(Request):
 
 
 class Generate(Question, tag="generate"):
-    messages: list[dict[str, Any]]  # {"role", "content"} (+ "tool_calls", "tool_call_id", "name"), checked by the gateway
+    messages: list[
+        dict[str, Any]
+    ]  # {"role", "content"} (+ "tool_calls", "tool_call_id", "name"), checked by the gateway
     params: SamplingParams
     level: Level = "off"
     tools: list[dict[str, Any]] | None = None  # function definitions {"name", "description", "parameters"}
@@ -375,7 +377,17 @@ class Resampled(Reply, tag="resampled"):
 
 
 AnyReply = (
-    Queued | Waiting | Accepted | Events | Error | Cancelled | Tokens | Detokenized | Inspection | PromptAttentionMatrix | Resampled
+    Queued
+    | Waiting
+    | Accepted
+    | Events
+    | Error
+    | Cancelled
+    | Tokens
+    | Detokenized
+    | Inspection
+    | PromptAttentionMatrix
+    | Resampled
 )
 
 
@@ -451,15 +463,27 @@ def plain(value: Any) -> Any:
 
 
 def overloaded(request_id: str, waiting: int, retry_after: int = 2) -> Error:
-    return Error(request_id=request_id, status=503, code="overloaded", retry_after=retry_after, ahead=waiting,
-                 message=f"Server busy: {waiting} requests are ahead of you. Retry in {retry_after} s.")
+    return Error(
+        request_id=request_id,
+        status=503,
+        code="overloaded",
+        retry_after=retry_after,
+        ahead=waiting,
+        message=f"Server busy: {waiting} requests are ahead of you. Retry in {retry_after} s.",
+    )
 
 
 def error_reply(request_id: str, exc: Exception) -> Error:
     """An inference-side failure as a reply the gateway turns into an OpenAI-style error."""
     if isinstance(exc, ContextLengthExceededError):
-        return Error(request_id=request_id, status=400, message=str(exc), code="context_length_exceeded", param="messages")
+        return Error(
+            request_id=request_id, status=400, message=str(exc), code="context_length_exceeded", param="messages"
+        )
     if isinstance(exc, InvalidRequestError):
         return Error(request_id=request_id, status=400, message=str(exc), code="invalid_value", param=exc.param)
-    return Error(request_id=request_id, status=500, code="server_error",
-                 message=f"The model failed ({type(exc).__name__}); the worker logged the details.")
+    return Error(
+        request_id=request_id,
+        status=500,
+        code="server_error",
+        message=f"The model failed ({type(exc).__name__}); the worker logged the details.",
+    )

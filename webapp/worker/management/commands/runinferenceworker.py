@@ -29,7 +29,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         if settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer"):
             raise CommandError(
-                "the in-memory channel layer cannot reach other processes: set REDIS_URL, or just run the site (the worker starts inside it)"
+                "the in-memory channel layer cannot reach other processes: set REDIS_URL, or just run the site (the "
+                "worker starts inside it)"
             )
         routes = [r for r in configured_models() if not opts["model"] or r.id in opts["model"]]
         if not routes:
