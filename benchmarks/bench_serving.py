@@ -71,9 +71,8 @@ class Level:
     streams: int
     results: list[RequestResult]
     seconds: float
-    engine: dict[str, float] = field(
-        default_factory=dict
-    )  # the server's own step clock over the level, where it has one
+    # the server's own step clock over the level, where it has one
+    engine: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:

@@ -83,9 +83,8 @@ class BatchPlan:
     groups: tuple[AttentionGroup, ...]
     last_tokens: Tensor  # [n_chunks] the index of each chunk's last token
     decode: DecodeRows | None = None  # with `decode_kernel`: every token (and then no groups)
-    rotations: Tensor | None = (
-        None  # with `fused_rope` and the decode kernel: `freqs` as [N, rope_dim / 2, 2] (cos, sin)
-    )
+    # with `fused_rope` and the decode kernel: `freqs` as [N, rope_dim / 2, 2] (cos, sin)
+    rotations: Tensor | None = None
 
     @property
     def n_tokens(self) -> int:

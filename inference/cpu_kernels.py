@@ -64,11 +64,12 @@ ISAS = (  # best first
     Isa("avx512-vnni", _VNNI_FLAGS, _VNNI_CPU),
     Isa("avx2", ("-mavx2", "-mf16c", "-mfma"), ("avx2", "f16c", "fma")),
 )
+# products and sums rounded as written: see roped_decode_attention
 COMMON_FLAGS = (
     "-O3",
     "-fopenmp",
     "-ffp-contract=off",
-)  # products and sums rounded as written: see roped_decode_attention
+)
 
 _loaded: Isa | None = None  # set once `load` has loaded the library into this process
 _activation_parts = 1  # see `use_activations`
@@ -206,14 +207,12 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     n, k = codes.shape
     nb, groups = n // BLOCK_N, k // GROUP
     quads = codes.view(nb, BLOCK_N, groups, 4, 2, 4)  # [N/16, 16, K/32, quad, half, 4]: input 8 quad + 4 half + j
-    nibbles = (
-        (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, groups, 256)
-    )  # [N/16, K/32, quad*16*4]
+    # [N/16, K/32, quad*16*4]
+    nibbles = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, groups, 256)
 
     def halves(values: Tensor) -> Tensor:
-        return (
-            values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)
-        )  # [N/16, K/32, 32]
+        # [N/16, K/32, 32]
+        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)
 
     return torch.cat([nibbles, halves(scales), halves(minimums)], dim=-1).contiguous()
 

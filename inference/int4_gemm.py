@@ -75,9 +75,8 @@ def load(
             str(d) for s in missing for d in s
         ]
         root = Path(__file__).resolve().parent.parent
-        done = subprocess.run(
-            command, cwd=root, capture_output=True, text=True, check=False
-        )  # `-m` finds the package in cwd
+        # `-m` finds the package in cwd
+        done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             log.warning("int4 GEMM build failed; prompts use the eager int4 kernel:\n%s", done.stderr[-2000:])
             return None

@@ -119,10 +119,10 @@ class Block(nn.Module):
         """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
         c = self.config
         N = x.shape[0]
-        if (
-            plan.rotations is not None and plan.decode is not None and not probes
-        ):  # every token by the decode kernel: rotate, store, attend
+        if plan.rotations is not None and plan.decode is not None and not probes:
+            # every token by the decode kernel: rotate, store, attend
             keys, values = cache.layer(layer)
+            # [N, H * hd]
             out = cpu_kernels.roped_decode_attention(
                 self.attn_qkv(x).float(),
                 plan.rotations,
@@ -132,12 +132,11 @@ class Block(nn.Module):
                 plan.decode.lengths,
                 c.n_heads,
                 c.head_dim**-0.5,
-            )  # [N, H * hd]
+            )
             return self.attn_output(out)
         qkv = self.attn_qkv(x).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
-        qk = apply_rope(
-            qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs, self.stream_dtype
-        )  # [N, H + KV, hd]: one rotation for both
+        # [N, H + KV, hd]: one rotation for both
+        qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs, self.stream_dtype)
         q, k = qk[:, : c.n_heads], qk[:, c.n_heads :]  # [N, H | KV, hd]
         v = qkv[:, c.n_heads + c.n_kv_heads :].to(self.stream_dtype)  # [N, KV, hd]
         cache.write(layer, plan, k, v)
@@ -151,9 +150,10 @@ class Block(nn.Module):
             probe.on_attention(layer, q[token], keys[0].to(q.dtype))
         if plan.decode is not None:  # every token by the decode kernel, each over its own positions
             keys, values = cache.layer(layer)  # [slots, KV, capacity, hd] each
+            # [N, H, hd]
             out = cpu_kernels.decode_attention(
                 q, keys, values, plan.decode.slots, plan.decode.lengths, c.head_dim**-0.5
-            )  # [N, H, hd]
+            )
         else:
             out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
             for group in plan.groups:
@@ -179,13 +179,13 @@ def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, ou
     if t == 1:
         # Decode rows: fold each KV head's query heads into rows, so every cached key is read once.
         folded = qg.view(b, n_kv, group_size, hd)  # [b, KV, group, hd]
-        y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=g.mask).view(
-            b, n_kv * group_size, hd
-        )  # [b, H, hd]
+        # [b, H, hd]
+        y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=g.mask).view(b, n_kv * group_size, hd)
     else:
+        # [b, H, t, hd]
         y = F.scaled_dot_product_attention(
             qg.transpose(1, 2), keys, values, attn_mask=g.mask, is_causal=g.mask is None, enable_gqa=True
-        )  # [b, H, t, hd]
+        )
         y = y.transpose(1, 2).reshape(b * t, n_kv * group_size, hd)  # [b * t, H, hd]
     if g.in_order:
         out[: b * t] = y
@@ -306,9 +306,8 @@ class Transformer(nn.Module):
         """The layout of a forward over `chunks` (see `inference.batch`), on this model's device and dtype."""
         if self.freqs_cis.device != self.device:
             self.freqs_cis = self.freqs_cis.to(self.device)  # moved once
-        fused = (
-            self.decode_kernel and self.config.rope_dim % 16 == 0
-        )  # the fused call turns whole vectors of pairs (16 floats with AVX512)
+        # the fused call turns whole vectors of pairs (16 floats with AVX512)
+        fused = self.decode_kernel and self.config.rope_dim % 16 == 0
         return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel, fused_rope=fused)
 
     @property

@@ -41,9 +41,8 @@ class PreparedRequest:
 class ChatPipeline:
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        self._longest_token = max(
-            (len(b) for b in loaded.tokenizer.token_bytes), default=1
-        )  # characters one token can spell, at most
+        # characters one token can spell, at most
+        self._longest_token = max((len(b) for b in loaded.tokenizer.token_bytes), default=1)
 
     def prepare(
         self,
@@ -115,9 +114,8 @@ class ChatPipeline:
     def _grammar(self, lark: str) -> Grammar:
         """The request's matcher (built here, off the engine thread: compiling a schema takes up to milliseconds)."""
         stops = self.loaded.stop_ids
-        eos = min(
-            stops, key=lambda i: self.loaded.tokenizer.pieces[i] != "<|im_end|>"
-        )  # the turn's end, else any stop token
+        # the turn's end, else any stop token
+        eos = min(stops, key=lambda i: self.loaded.tokenizer.pieces[i] != "<|im_end|>")
         return Grammar(lark, self.loaded.tokenizer, eos, sorted(stops))
 
     def sequence_request(

@@ -18,9 +18,8 @@ def to_plain(value: Any, decimals: int = 4) -> Any:
     """Recursively: dataclass instances become dicts of their fields, numpy scalars Python numbers, arrays rounded
     lists, bytes lists of ints. (One pass, not `dataclasses.asdict` first: that deep-copied every event a second time,
     a third of the cost of serializing a decode step's events.)"""
-    if (
-        value is None or type(value) in _PLAIN
-    ):  # most leaves: nothing to convert (exact types: numpy's float64 is a float)
+    if value is None or type(value) in _PLAIN:
+        # most leaves: nothing to convert (exact types: numpy's float64 is a float)
         return value
     if isinstance(value, dict):
         return {k: to_plain(v, decimals) for k, v in value.items()}

@@ -18,9 +18,8 @@ from torch import Tensor
 
 from inference.trace import LayerDetail, LensGuess, Neuron
 
-LIVE_LENS_LAYERS = (
-    6  # layers whose logit lens is computed while generating, after each half: 12 rows through the 49k-token head
-)
+# layers whose logit lens is computed while generating, after each half: 12 rows through the 49k-token head
+LIVE_LENS_LAYERS = 6
 TOP_NEURONS = 8  # feed-forward neurons reported per layer
 
 
@@ -112,15 +111,13 @@ class LayerProbe:
 
     def _top_neurons(self) -> list[list[Neuron]]:
         """Per layer, the neurons that send the most into the down projection: largest |silu(gate) * up|."""
-        opened = F.silu(
-            torch.stack(self._gates).float()
-        )  # [L, ffn]: how far each neuron's gate lets its up value through
+        # [L, ffn]: how far each neuron's gate lets its up value through
+        opened = F.silu(torch.stack(self._gates).float())
         up = torch.stack(self._ups).float()  # [L, ffn]
         activation = opened * up
         top = activation.abs().topk(min(TOP_NEURONS, activation.shape[1]), dim=-1).indices  # [L, k]
-        values = torch.stack(
-            [opened.gather(1, top), up.gather(1, top), activation.gather(1, top)], dim=-1
-        ).tolist()  # [L, k, 3]
+        # [L, k, 3]
+        values = torch.stack([opened.gather(1, top), up.gather(1, top), activation.gather(1, top)], dim=-1).tolist()
         return [[Neuron(i, g, u, a) for i, (g, u, a) in zip(ids, rows)] for ids, rows in zip(top.tolist(), values)]
 
     def detail(self) -> LayerDetail:

@@ -110,9 +110,8 @@ class Sampler:
             if detail_top_n
             else None
         )
-        certain_best = (
-            draw is None and not self._penalised and allowed is None
-        )  # greedy on the raw logits: the model's first choice
+        # greedy on the raw logits: the model's first choice
+        certain_best = draw is None and not self._penalised and allowed is None
         return Sample(
             token_id=token,
             logprob=float(chosen - log_z),
@@ -164,9 +163,8 @@ class Sampler:
         if p.min_p > 0.0:
             keep[(keep == 0) & (top < p.min_p * top[0])] = 3
             tail_kept = tail_kept and float(top[-1]) >= p.min_p * float(top[0])
-        keep[top == 0] = (
-            4  # -inf logits: removed by the grammar (a sorted head reaches them when few tokens are allowed)
-        )
+        # -inf logits: removed by the grammar (a sorted head reaches them when few tokens are allowed)
+        keep[top == 0] = 4
         final = torch.where(keep == 0, top, 0.0)
         tail_mass = max(0.0, 1.0 - float(top.sum())) if tail_kept else 0.0
         total = float(final.sum()) + tail_mass

@@ -41,9 +41,8 @@ class SchedulerConfig:
     prefill_chunk: int = 128  # prompt tokens per step, shared by the newcomers
     prefill_chunk_decoding: int = 4  # ...and at least this many per newcomer while other sequences decode, so that a
     # crowd of newcomers all make progress
-    decode_gap_stretch: float | None = (
-        1.75  # ...and beyond that, while other sequences decode, only as many prompt tokens
-    )
+    # ...and beyond that, while other sequences decode, only as many prompt tokens
+    decode_gap_stretch: float | None = 1.75
     # as keep the step within this many one-row decode steps (by the measured cost of a row, `inference.step_cost`):
     # a step costs about its row count, and its time is every decoding stream's gap between two tokens. None: no more.
     idle_kv_bytes: int = GIB // 8  # KV cache kept while nothing runs, so the next request need not allocate it again
@@ -328,9 +327,8 @@ class Scheduler:
             slot = len(self.running)
             self.running.append(state)
             sibling = self._sibling(state)
-            if (
-                sibling is not None and sibling.slot is not None
-            ):  # copy the other choice's prompt, all but its last token
+            if sibling is not None and sibling.slot is not None:
+                # copy the other choice's prompt, all but its last token
                 shared = len(state.prompt_ids) - 1
                 k, v = self.cache.read(sibling.slot, 0, shared)
                 self.cache.load(slot, 0, k, v)

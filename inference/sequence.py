@@ -56,9 +56,8 @@ class SequenceRequest:
     tokenize_seconds: float = 0.0
     context: ContextBuilt | None = None  # the context event to complete with the cache hit at admission
     grammar: Grammar | None = None  # structured output: only tokens this grammar allows are drawn
-    shares_prompt_with: str | None = (
-        None  # another choice of the same request (n > 1): its prompt's cache is copied, not recomputed
-    )
+    # another choice of the same request (n > 1): its prompt's cache is copied, not recomputed
+    shares_prompt_with: str | None = None
 
 
 class SequenceState:

@@ -141,9 +141,8 @@ class Run:
         finished = turn.usage.finished.get(0)
         if finished is not None and request is not None:
             messages, answer = request.chat_messages, finished.text
-            if (
-                request.continue_final_message
-            ):  # a branch: the exchange is the question and the whole answer, as it now reads
+            if request.continue_final_message:
+                # a branch: the exchange is the question and the whole answer, as it now reads
                 messages, answer = messages[:-1], messages[-1]["content"] + answer
             await sync_to_async(self._save_exchange)(turn.request_id, messages, answer)
         yield {"type": "usage", **turn.usage_report()}

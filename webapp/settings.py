@@ -177,9 +177,8 @@ ROUNDTRIP_PREFIX_CACHE_BYTES = env_bytes("ROUNDTRIP_PREFIX_CACHE_BYTES", 128 * 1
 # How a worker loads its models (device, weight format, KV cache, our CPU kernels, the cache of converted weights),
 # checked here so a mistyped value stops the start naming the variable and its choices.
 ROUNDTRIP_LOAD = load_config("ROUNDTRIP_")
-ROUNDTRIP_WORKER_TIMEOUT = env_int(
-    "ROUNDTRIP_WORKER_TIMEOUT", 120
-)  # seconds without a word from a worker that still beats
+# seconds without a word from a worker that still beats
+ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)
 ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
 
 # --- The gateway ------------------------------------------------------------------------------
@@ -205,9 +204,8 @@ ROUNDTRIP_STORE_PROMPTS = env_bool("ROUNDTRIP_STORE_PROMPTS", False)  # keep pro
 ROUNDTRIP_MAX_BODY_BYTES = env_int("ROUNDTRIP_MAX_BODY_BYTES", 1024 * 1024)
 # /metrics: with a token, any client that sends `Authorization: Bearer <token>`; without one, loopback only.
 ROUNDTRIP_METRICS_TOKEN = env_str("ROUNDTRIP_METRICS_TOKEN", "")
-ROUNDTRIP_WORKER_METRICS_PORT = env_int(
-    "ROUNDTRIP_WORKER_METRICS_PORT", 0
-)  # `runinferenceworker`'s own metrics endpoint
+# `runinferenceworker`'s own metrics endpoint
+ROUNDTRIP_WORKER_METRICS_PORT = env_int("ROUNDTRIP_WORKER_METRICS_PORT", 0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = ROUNDTRIP_MAX_BODY_BYTES
 
 AUTH_PASSWORD_VALIDATORS = [

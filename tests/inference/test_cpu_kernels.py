@@ -112,9 +112,8 @@ def test_a_projection_keeps_its_layout_through_the_weights_cache() -> None:
     copy = restore(projection.state())
     x = torch.randn(5, 96)
     assert torch.equal(copy(x), projection(x))
-    assert (
-        projection.nbytes == 48 * 96 // 2 + 48 * 96 // 32 * 4
-    )  # half a byte per weight, fp16 scale and minimum per 32
+    # half a byte per weight, fp16 scale and minimum per 32
+    assert projection.nbytes == 48 * 96 // 2 + 48 * 96 // 32 * 4
 
 
 def test_rms_norm_matches_torchs() -> None:
@@ -135,9 +134,10 @@ def test_decode_attention_reads_each_rows_own_length_like_sdpa(heads: int, kv_he
         q, keys, values, torch.tensor([s for s, _ in rows]), torch.tensor([n for _, n in rows]), hd**-0.5
     )
     for i, (slot, length) in enumerate(rows):
+        # [KV, group, hd] -> [H, hd]
         expected = torch.nn.functional.scaled_dot_product_attention(
             q[i].view(kv_heads, heads // kv_heads, hd), keys[slot, :, :length], values[slot, :, :length]
-        ).reshape(heads, hd)  # [KV, group, hd] -> [H, hd]
+        ).reshape(heads, hd)
         assert torch.allclose(got[i], expected, atol=1e-5, rtol=1e-4)
 
 
@@ -165,9 +165,8 @@ def test_roped_decode_attention_is_rope_then_cache_write_then_decode_attention(r
     got = cpu_kernels.roped_decode_attention(
         qkv, torch.view_as_real(freqs), keys, values, slots, positions + 1, heads, hd**-0.5
     )
-    assert torch.equal(keys, expected_keys) and torch.equal(
-        values, expected_values
-    )  # the same bits as torch's rotation
+    # the same bits as torch's rotation
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
     assert torch.equal(got, expected.view(len(rows), heads * hd))
 
 

@@ -256,9 +256,8 @@ def test_arrivals_one_at_a_time_grow_the_cache_with_room_to_spare(tiny_model: Lo
         engine.step()
         sizes.append(engine.scheduler.cache.slots)
     assert sizes == [4, 4, 4, 4, 8]
-    assert (
-        engine.scheduler.stats().kv_bytes == 5 * engine.scheduler.cache.nbytes // 8
-    )  # the running sequences', not the spare slots'
+    # the running sequences', not the spare slots'
+    assert engine.scheduler.stats().kv_bytes == 5 * engine.scheduler.cache.nbytes // 8
 
 
 def test_spare_slots_are_kept_while_sequences_run_and_freed_when_idle(tiny_model: LoadedModel) -> None:
@@ -306,9 +305,8 @@ def test_a_finished_sequence_leaves_its_slot_and_fills_the_prefix_cache_after_it
     """Releasing a batch of finished streams costs ms (their prefixes are copied into the prefix cache): their last
     tokens go out first; `finish_step` (or else the next step) does the rest."""
     engine = make_engine(tiny_model, prefix_block=4)
-    engine.scheduler.add(
-        sequence_request("f", PROMPTS[0], max_tokens=6)
-    )  # its answer fills at least one more block of 4
+    # its answer fills at least one more block of 4
+    engine.scheduler.add(sequence_request("f", PROMPTS[0], max_tokens=6))
     while not any(o.done for o in engine.step()):
         pass
     assert (
@@ -384,9 +382,8 @@ def test_choices_of_one_request_share_one_prefill_and_decode_together(tiny_model
     ]
     outputs = run_all(make_engine(tiny_model, prefix_cache_bytes=0), [first, *others])
     batches = [e for e in events_of(outputs["n"]) if isinstance(e, BatchStep)]
-    assert (
-        batches[0].prefill_tokens == len(prompt) and batches[0].batch_size == 1
-    )  # only the first choice prefills the prompt
+    # only the first choice prefills the prompt
+    assert batches[0].prefill_tokens == len(prompt) and batches[0].batch_size == 1
     assert max(b.batch_size for b in batches) == 3  # then all three decode in one forward
     for other in others:
         finished = next(e for e in events_of(outputs[other.request_id]) if isinstance(e, Finished))

@@ -42,9 +42,8 @@ def test_other_settings_change_that_steps_distribution(tiny_model: LoadedModel) 
     assert [c.raw_prob for c in cool.detail.candidates] == [
         c.raw_prob for c in warm.detail.candidates
     ]  # the same logits
-    assert (
-        cool.detail.candidates[0].adjusted_prob > warm.detail.candidates[0].adjusted_prob
-    )  # a cooler, sharper distribution
+    # a cooler, sharper distribution
+    assert cool.detail.candidates[0].adjusted_prob > warm.detail.candidates[0].adjusted_prob
     only_best = what_if.resample(
         tiny_model.model, tiny_model.stop_ids, PROMPTS[0], [], SamplingParams(temperature=1.0, top_k=1, seed=1)
     )
@@ -77,9 +76,8 @@ def test_the_prompts_full_attention_matrix_matches_each_positions_own_row(tiny_m
     matrix = what_if.prompt_attention(tiny_model.model, prompt, layer=1)  # [H, T, T]
     assert matrix.shape == (tiny_model.config.n_heads, len(prompt), len(prompt))
     for i in (0, 4, len(prompt) - 1):
-        row = torch.from_numpy(
-            what_if.inspect(tiny_model.model, prompt[: i + 1]).attention[1].astype("float32")
-        )  # [H, i + 1], float16 in the detail
+        # [H, i + 1], float16 in the detail
+        row = torch.from_numpy(what_if.inspect(tiny_model.model, prompt[: i + 1]).attention[1].astype("float32"))
         assert torch.allclose(matrix[:, i, : i + 1], row, atol=2e-3)
         assert float(matrix[:, i, i + 1 :].abs().sum()) == 0.0  # causal: nothing after the query
     assert torch.allclose(matrix.sum(dim=-1), torch.ones(matrix.shape[:2]), atol=1e-5)

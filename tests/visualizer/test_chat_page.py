@@ -77,9 +77,8 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(
     assert "27 prompt tokens" in page.inner_text('#stage-context [data-field="fill-text"]')
     # 5. forward pass with the full-level pictures
     assert page.locator("#stage-forward .layer").count() == 30
-    assert (
-        page.locator('#stage-forward [data-field="lens"] tbody tr').count() == 6
-    )  # live: six evenly spaced layers; on demand: all 30
+    # live: six evenly spaced layers; on demand: all 30
+    assert page.locator('#stage-forward [data-field="lens"] tbody tr').count() == 6
     assert "9 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
     assert "decoded together with" in page.inner_text('#stage-forward [data-field="batch"]')
     assert page.inner_text('#stage-forward [data-field="weights"]').startswith("weights: fp32")  # the tests pin fp32
@@ -113,9 +112,8 @@ def test_clicking_a_token_opens_its_trace_and_more_on_demand(page: Any, screensh
     # both halves of every layer and the picked layer's neurons, recomputed
     assert page.locator("#inspection .neurons li").count() == 8 and "layer 29:" in page.inner_text("#inspection")
     page.click("#inspection .chart + details.numbers summary")
-    page.locator("#inspection .chart + details.numbers tbody tr").nth(29).wait_for(
-        timeout=10000
-    )  # the chart fills it when drawn
+    # the chart fills it when drawn
+    page.locator("#inspection .chart + details.numbers tbody tr").nth(29).wait_for(timeout=10000)
     assert page.locator("#inspection .chart + details.numbers tbody tr").count() == 30
     screenshot(page.locator("#token-dialog"), "token-detail")
 
@@ -159,9 +157,8 @@ def test_what_if_draws_a_step_again_with_other_settings_on_its_real_logits(
         ),
         "",
     )
-    assert (
-        "A different token" in other
-    )  # two near-equal candidates left: some seed picks the other (the page's rate limit allows 10 asks a minute)
+    # two near-equal candidates left: some seed picks the other (the page's rate limit allows 10 asks a minute)
+    assert "A different token" in other
     screenshot(page.locator("#token-dialog"), "what-if")
     # the branch: the answer up to that token, then the model goes on from " Mumbai"
     page.click('#what-if [data-field="branch"]')
@@ -273,9 +270,8 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(
     assert "head 2" in tip and "“·India” (position 19, your message, id 3089)" in tip and f"weight {weight:.4f}" in tip
     # the same numbers as a table: a row per key token, a column per head
     page.click(f"{heads} details.numbers summary")
-    page.locator(f"{heads} details.numbers tbody tr").nth(19).wait_for(
-        timeout=10000
-    )  # rendered when the toggle event comes
+    # rendered when the toggle event comes
+    page.locator(f"{heads} details.numbers tbody tr").nth(19).wait_for(timeout=10000)
     row = page.locator(f"{heads} details.numbers tbody tr").nth(19).locator("td").all_inner_texts()
     assert len(row) == 9 and abs(float(row[2]) - weight) < 5e-5
 
@@ -318,9 +314,8 @@ def test_every_prompt_row_of_a_layer_is_recomputed_on_demand(page: Any, screensh
     on_first = numbers.locator("tbody tr").nth(0).locator("td").all_inner_texts()
     on_second = numbers.locator("tbody tr").nth(1).locator("td").all_inner_texts()
     assert on_first[0] == "1"  # position 0 sees only itself: all of its attention
-    assert (
-        on_second[0] == "—" and on_second[1] != "—"
-    )  # causal: position 1 is after the first query, not after the second
+    # causal: position 1 is after the first query, not after the second
+    assert on_second[0] == "—" and on_second[1] != "—"
     screenshot(page.locator(forward), "prompt-matrix")
 
 
@@ -386,9 +381,8 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert (context["rope_base"], context["rope_dim"]) == (100000.0, 64)  # SmolLM2's config
     page.locator(f'{forward} [data-field="head-view"] .hv-queries [data-pick="30"]').click()
     rope = f'{forward} [data-field="rope"]'
-    assert "for “·India” at position 30, and at position 14" in page.inner_text(
-        f"{rope} caption"
-    )  # 31 positions, halves swapped
+    # 31 positions, halves swapped
+    assert "for “·India” at position 30, and at position 14" in page.inner_text(f"{rope} caption")
     rows = page.locator(f"{rope} tbody tr")
     assert rows.locator("th").all_inner_texts() == ["0", "1", "2", "4", "8", "16", "31"]
     theta = 100000.0 ** (-2 * 4 / 64)
@@ -441,9 +435,8 @@ def walk_the_tour(page: Any) -> list[str]:
         if n < 8:
             page.wait_for_selector("#tour [data-tour=next]:not([disabled])", timeout=30000)
             said.append(page.inner_text("#tour [data-tour=text]"))
-            if (
-                stage == "detok"
-            ):  # the engine (or the replay) holds after the first token while the tour walks the stages
+            if stage == "detok":
+                # the engine (or the replay) holds after the first token while the tour walks the stages
                 page.wait_for_timeout(400)
                 assert page.locator(".bubble.assistant:last-child .tok").count() == 1
             page.click("#tour [data-tour=next]")
@@ -717,9 +710,8 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         ] == ["authenticate", "rate_limit", "route", "usage_log"]
         assert page.locator("#stage-context .segment.message").inner_text().startswith("your message (7)")
         assert page.inner_text("#stage-sampling .bar.chosen .tok") == "<|im_end|>"
-        assert (
-            page.locator("#stage-loop .loop-strip li").count() == reply.json()["usage"]["completion_tokens"]
-        )  # ending on <|im_end|>
+        # ending on <|im_end|>
+        assert page.locator("#stage-loop .loop-strip li").count() == reply.json()["usage"]["completion_tokens"]
         assert page.locator('#stage-stream [data-field="frames"] li').count() >= 1 and page.inner_text(
             '#stage-detok [data-field="appended"]'
         )

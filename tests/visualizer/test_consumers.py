@@ -74,9 +74,8 @@ def test_full_level_sends_bounded_attention(with_worker: Any) -> None:
             "activation",
         }
         context = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "context")
-        assert (
-            context["rope_base"] == 10000.0 and context["rope_dim"] == 16
-        )  # the tiny model's: positions shown with its own numbers
+        # the tiny model's: positions shown with its own numbers
+        assert context["rope_base"] == 10000.0 and context["rope_dim"] == 16
 
     with_worker(body)
 

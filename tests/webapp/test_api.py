@@ -42,9 +42,10 @@ def _usage(request_id: str, timeout: float = 10.0) -> UsageRecord:
 
 
 def test_the_seed_question_through_the_sdk(daphne_server: Any, make_key: Any) -> None:
+    # type: ignore[arg-type]
     reply = sdk(daphne_server, make_key()).chat.completions.create(
         model="smollm2", messages=SEED_QUESTION, temperature=0
-    )  # type: ignore[arg-type]
+    )
     assert reply.choices[0].message.content == "The capital of India is New Delhi."
     assert reply.choices[0].finish_reason == "stop"
     assert reply.model == "smollm2-135m-instruct" and reply.object == "chat.completion"
@@ -58,9 +59,10 @@ def test_the_seed_question_through_the_sdk(daphne_server: Any, make_key: Any) ->
 
 def test_streaming_text_equals_the_non_streamed_answer(daphne_server: Any, make_key: Any) -> None:
     client = sdk(daphne_server, make_key())
+    # type: ignore[arg-type]
     stream = client.chat.completions.create(
         model="smollm2", messages=SEED_QUESTION, temperature=0, stream=True, stream_options={"include_usage": True}
-    )  # type: ignore[arg-type]
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "The capital of India is New Delhi."
@@ -71,9 +73,10 @@ def test_streaming_text_equals_the_non_streamed_answer(daphne_server: Any, make_
 
 
 def test_logprobs_and_top_logprobs(daphne_server: Any, make_key: Any) -> None:
+    # type: ignore[arg-type]
     reply = sdk(daphne_server, make_key()).chat.completions.create(
         model="smollm2", messages=SEED_QUESTION, temperature=0, logprobs=True, top_logprobs=3
-    )  # type: ignore[arg-type]
+    )
     content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and "".join(t.token for t in content) == "The capital of India is New Delhi."
     for token in content:
@@ -115,9 +118,8 @@ def test_models_lists_ids_and_load_status(daphne_server: Any, make_key: Any) -> 
     assert [m.id for m in models] == ["tiny", "smollm2-135m-instruct"]
     status = (models[1].model_extra or {})["status"]
     assert status["state"] == "ready"
-    assert status["weights"].startswith("fp32") and status["weights"].endswith(
-        " MB"
-    )  # format and size, as the server holds it
+    # format and size, as the server holds it
+    assert status["weights"].startswith("fp32") and status["weights"].endswith(" MB")
 
 
 def test_tokenize_matches_llama_cpp(daphne_server: Any, make_key: Any) -> None:
@@ -297,9 +299,10 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(
     assert (row.status, row.finish_reason) == (499, "cancelled")
     assert 0 < row.completion_tokens < 400
     # its one concurrent stream is free again (ignore_eos: a sampled end-of-turn cannot end it early)
+    # type: ignore[arg-type]
     reply = sdk(daphne_server, key).chat.completions.create(
         model="tiny", messages=HI, max_tokens=2, extra_body={"ignore_eos": True}
-    )  # type: ignore[arg-type]
+    )
     assert reply.choices[0].finish_reason == "length"
 
 
@@ -456,9 +459,10 @@ def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(
 
 def test_a_logit_bias_of_minus_100_on_the_greedy_first_token_changes_it(daphne_server: Any, make_key: Any) -> None:
     client = sdk(daphne_server, make_key())
+    # type: ignore[arg-type]
     plain = client.chat.completions.create(
         model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True
-    )  # type: ignore[arg-type]
+    )
     first = plain.choices[0].logprobs.content[0].token  # type: ignore[union-attr,index]
     first_id = httpx.post(
         f"{daphne_server.api}/tokenize",
@@ -546,6 +550,5 @@ def test_a_ten_thousand_message_request_does_not_hold_up_a_normal_chat(daphne_se
                     ttft = time.perf_counter() - started
         refused = big.result()
     assert ttft is not None and ttft < 2.0
-    assert (
-        refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
-    )  # refused at the edge, by count
+    # refused at the edge, by count
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"

@@ -122,12 +122,13 @@ def test_a_named_tool_choice_forces_a_call_with_valid_arguments(daphne_server: A
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     calls = choice.message.tool_calls or []
+    # type: ignore[union-attr]
     assert (
         len(calls) == 1
         and calls[0].type == "function"
         and calls[0].function.name == "get_weather"
         and calls[0].id.startswith("call_")
-    )  # type: ignore[union-attr]
+    )
     _valid_weather_arguments(calls[0].function.arguments)  # type: ignore[union-attr]
 
 
@@ -172,9 +173,10 @@ def test_tool_calls_and_results_in_history_are_shown_to_the_model(daphne_server:
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "sunny"}'},
     ]
     client = sdk(daphne_server, make_key())
+    # type: ignore[arg-type,list-item]
     reply = client.chat.completions.create(
         model="smollm2", messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=40
-    )  # type: ignore[arg-type,list-item]
+    )
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
     prompt = httpx.post(
         f"{daphne_server.api}/tokenize",
@@ -195,9 +197,10 @@ def test_n_choices_are_reproducible_with_a_seed_and_counted_once_for_the_prompt(
     client = sdk(daphne_server, make_key())
 
     def ask() -> Any:
+        # type: ignore[arg-type]
         return client.chat.completions.create(
             model="smollm2", messages=CAPITAL, n=3, temperature=1, seed=11, max_tokens=16
-        )  # type: ignore[arg-type]
+        )
 
     first, second = ask(), ask()
     texts = [c.message.content for c in first.choices]
@@ -212,9 +215,10 @@ def test_n_choices_are_reproducible_with_a_seed_and_counted_once_for_the_prompt(
 
 
 def test_n_choices_stream_with_their_index(daphne_server: Any, make_key: Any) -> None:
+    # type: ignore[arg-type]
     stream = sdk(daphne_server, make_key()).chat.completions.create(
         model="smollm2", messages=CAPITAL, n=2, temperature=0, max_tokens=12, stream=True
-    )  # type: ignore[arg-type]
+    )
     texts = {0: "", 1: ""}
     finished = set()
     for chunk in stream:
@@ -228,9 +232,10 @@ def test_n_choices_stream_with_their_index(daphne_server: Any, make_key: Any) ->
 def test_logit_bias_against_the_greedy_first_token_changes_it(daphne_server: Any, make_key: Any) -> None:
     key = make_key()
     client = sdk(daphne_server, key)
+    # type: ignore[arg-type]
     greedy = client.chat.completions.create(
         model="smollm2", messages=CAPITAL, temperature=0, max_tokens=8, logprobs=True
-    )  # type: ignore[arg-type]
+    )
     first = greedy.choices[0].logprobs.content[0].token  # type: ignore[union-attr,index]
     ids = httpx.post(
         f"{daphne_server.api}/tokenize",
@@ -238,9 +243,10 @@ def test_logit_bias_against_the_greedy_first_token_changes_it(daphne_server: Any
         headers={"Authorization": f"Bearer {key}"},
     ).json()["ids"]
     assert len(ids) == 1
+    # type: ignore[arg-type]
     biased = client.chat.completions.create(
         model="smollm2", messages=CAPITAL, temperature=0, max_tokens=8, logprobs=True, logit_bias={str(ids[0]): -100}
-    )  # type: ignore[arg-type]
+    )
     assert biased.choices[0].logprobs.content[0].token != first  # type: ignore[union-attr,index]
 
 

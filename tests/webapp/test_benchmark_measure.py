@@ -91,9 +91,8 @@ def test_goodput_counts_requests_meeting_every_target() -> None:
 
 def test_an_itl_target_fails_a_stream_that_stalls_even_when_its_mean_is_fine() -> None:
     steady = stream(0, 0.0, [0.1 + 0.02 * i for i in range(11)], tokens=11)
-    stalling = stream(
-        1, 0.0, [0.1, 0.11, 0.12, 0.13, 0.14, 0.3, 0.31, 0.32, 0.33, 0.34, 0.5], tokens=11
-    )  # same 0.4 s, two stalls
+    # same 0.4 s, two stalls
+    stalling = stream(1, 0.0, [0.1, 0.11, 0.12, 0.13, 0.14, 0.3, 0.31, 0.32, 0.33, 0.34, 0.5], tokens=11)
     summary = summarize([steady, stalling], wall=1.0, targets=Targets(itl=0.05))
     assert summary["goodput"]["requests"] == 1
 

@@ -32,14 +32,12 @@ def test_a_steps_replies_are_held_until_settle_then_sent_in_order() -> None:
             outbox.hold()
             for n in range(3):
                 outbox.emit("reply.a", wire.Waiting(request_id="r", ahead=n))
-            other = threading.Thread(
-                target=outbox.emit, args=("reply.b", wire.Waiting(request_id="r", ahead=9))
-            )  # another thread: not held
+            # another thread: not held
+            other = threading.Thread(target=outbox.emit, args=("reply.b", wire.Waiting(request_id="r", ahead=9)))
             other.start()
             other.join()
-            asyncio.run_coroutine_threadsafe(
-                asyncio.sleep(0.05), loop
-            ).result()  # the loop has had every chance to send
+            # the loop has had every chance to send
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result()
             held = asyncio.run_coroutine_threadsafe(_pending(layer, "reply.a"), loop).result()
             sent = asyncio.run_coroutine_threadsafe(_pending(layer, "reply.b"), loop).result()
             outbox.settle()
