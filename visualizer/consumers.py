@@ -14,9 +14,10 @@ import msgspec
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from visualizer.questions import inspect, prompt_attention, resample
-from visualizer.runs import Run, Visitor
+from visualizer.runs import Run, Visitor, error_frame
 from visualizer.watch import WATCH_GROUP, watcher_joined, watcher_left
 from webapp.gateway.client_ip import client_ip
+from webapp.gateway.errors import bad_request
 from webapp.gateway.json_input import BadJSON, loads_object
 
 MAX_FRAME_BYTES = 64 * 1024
@@ -31,7 +32,7 @@ class FrameConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=_json.encode(frame).decode())
 
     async def error(self, message: str, code: str = "bad_message") -> None:
-        await self.send_frame({"type": "error", "status": 400, "code": code, "message": message, "param": None})
+        await self.send_frame(error_frame(bad_request(message, code=code)))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if text_data is None:
