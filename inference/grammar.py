@@ -90,6 +90,8 @@ class Grammar:
         """A bool tensor [V]: which tokens may come next. Once the grammar is complete, only end-of-turn tokens."""
         started = time.perf_counter()
         llg_numpy.fill_next_token_bitmask(self._matcher, self._bits)
+        if self._matcher.is_error():
+            raise self._failed()
         bits = np.unpackbits(self._bits[0].view(np.uint8), bitorder="little")  # [V/32] words -> [V rounded up] bits
         allowed = torch.from_numpy(bits.view(np.bool_))[: self.vocab_size]
         if bool(allowed[self._eos]):  # the text is complete: any end-of-turn token ends it
@@ -102,7 +104,15 @@ class Grammar:
         if int(token) in self._stop_ids.tolist():
             token = self._eos
         if not self._matcher.consume_token(int(token)):
-            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+            raise self._failed()
+
+    def _failed(self) -> InvalidRequestError:
+        """The matcher gave up mid-answer (a schema past llguidance's limits, say): the request's format cannot be
+        enforced. Its first line only: llguidance's full report holds the grammar and the parser's state."""
+        first = (
+            self._matcher.get_error().strip().splitlines()[0][:200] if self._matcher.get_error() else "no reason given"
+        )
+        return InvalidRequestError(f"The response format cannot be enforced on this answer: {first}", "response_format")
 
     @property
     def complete(self) -> bool:

@@ -34,7 +34,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's -100..100
     grammar: str | None = None  # Lark text (llguidance's dialect, JSON schemas as %json): only what it allows is drawn
 
-    def validate(self) -> None:
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Every value in its range; with `vocab_size`, every token id (logit_bias) in the model's vocabulary too."""
+
         def bad(param: str, rule: str) -> InvalidRequestError:
             return InvalidRequestError(f"{param} must be {rule}, got {getattr(self, param)!r}", param)
 
@@ -61,6 +63,11 @@ class SamplingParams:
         if any(not (math.isfinite(b) and -100 <= b <= 100) or token < 0 for token, b in self.logit_bias):
             raise InvalidRequestError(
                 "logit_bias values must be between -100 and 100, keyed by token ids", "logit_bias"
+            )
+        if vocab_size is not None and any(token >= vocab_size for token, _ in self.logit_bias):
+            token = max(token for token, _ in self.logit_bias)
+            raise InvalidRequestError(
+                f"logit_bias names token {token}, but the vocabulary has {vocab_size} tokens", "logit_bias"
             )
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise bad("top_logprobs", f"between 0 and {MAX_TOP_LOGPROBS}")

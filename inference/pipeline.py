@@ -67,7 +67,7 @@ class ChatPipeline:
         the room left in the context instead of failing.
         """
         received = received_at if received_at is not None else time.perf_counter()
-        params.validate()
+        params.validate(self.loaded.config.vocab_size)
         if params.seed is None:
             params = dataclasses.replace(params, seed=secrets.randbits(63))
         limit = self.loaded.config.context_length

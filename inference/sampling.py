@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from inference import cpu_kernels
-from inference.errors import InvalidRequestError
 from inference.params import SamplingParams
 from inference.trace import Candidate, SamplingDetail
 
@@ -55,7 +54,7 @@ class Sampler:
     def __init__(
         self, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int], stop_ids: frozenset[int]
     ) -> None:
-        params.validate()
+        params.validate(vocab_size)
         self.params = params
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         self._generator = torch.Generator().manual_seed(self.seed % 2**64)
@@ -68,11 +67,6 @@ class Sampler:
             0.0,
             0.0,
         ) or bool(params.logit_bias)
-        for token, _ in params.logit_bias:
-            if token >= vocab_size:
-                raise InvalidRequestError(
-                    f"logit_bias names token {token}, but the vocabulary has {vocab_size} tokens", "logit_bias"
-                )
         self._bias_map = dict(params.logit_bias)
         self._bias_ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
         self._bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)

@@ -81,7 +81,7 @@ $("save").addEventListener("click", async () => {
                                                         body: JSON.stringify(current), credentials: "same-origin" });
   const data = await response.json();
   if (!response.ok) {
-    $("share").replaceChildren(el("span", { class: "error" }, data.error || `could not save (HTTP ${response.status})`));
+    $("share").replaceChildren(el("span", { class: "error" }, data.error?.message || `could not save (HTTP ${response.status})`));
     return;
   }
   $("share").replaceChildren("Saved: ", el("a", { href: data.url, "data-field": "permalink" }, data.url));
@@ -92,7 +92,9 @@ $("export-json").addEventListener("click", () => current && download("bench.json
 $("export-csv").addEventListener("click", () => {
   if (!current) return;
   const cols = ["status", "error", "ttft_ms", "e2e_ms", "tokens", "tokens_per_s", "mean_itl_ms", "server_ttft_ms", "server_itl_ms", "request_id"];
-  const quote = (v) => `"${String(v ?? "").replace(/"/g, '""')}"`;
+  // a text cell a spreadsheet would run as a formula (=, +, -, @, tab, CR first) gains a leading apostrophe
+  const safe = (v) => (typeof v === "string" && /^[=+\-@\t\r]/.test(v) ? `'${v}` : v);
+  const quote = (v) => `"${String(safe(v) ?? "").replace(/"/g, '""')}"`;
   const lines = [["lane", "run", ...cols].join(",")];
   for (const lane of current.lanes) lane.runs.forEach((r, i) => lines.push([quote(lane.name), i + 1, ...cols.map((c) => quote(r[c]))].join(",")));
   download("bench.csv", new Blob([lines.join("\n")], { type: "text/csv" }));

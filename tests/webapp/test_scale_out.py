@@ -216,6 +216,19 @@ def test_two_workers_share_the_load_and_a_killed_one_fails_only_its_own_streams(
             assert not done.error and done.text
             served_by.add(done.worker)
         assert len(served_by) == 2  # the restarted worker takes work again
+
+        for worker in processes[2:]:  # now every worker dies: a new request is refused at once, not after 120 s
+            worker.send_signal(signal.SIGKILL)
+        _until(lambda: _live_workers(url) == [], 10, "/health reports no worker left within 10 s")
+        sent = time.monotonic()
+        refused = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "smollm2", "messages": [{"role": "user", "content": "anyone there?"}]},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert refused.status_code == 503 and time.monotonic() - sent < 3
+        assert refused.json()["error"]["code"] == "no_worker" and "Retry-After" in refused.headers
     finally:
         stop(processes)
         for log in logs:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from django.conf import settings
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from inference.params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams
 from webapp.api import structured
@@ -78,6 +78,13 @@ class JsonSchemaSpec(StrictModel):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
+    @field_validator("schema_")
+    @classmethod
+    def _enforceable(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            structured.check_schema(schema)
+        return schema
+
 
 class ResponseFormat(StrictModel):
     """`text`, `json_object` (any JSON object) or `json_schema` (JSON valid against the given schema)."""
@@ -107,6 +114,13 @@ class FunctionDefinition(StrictModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _enforceable(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        if parameters is not None:
+            structured.check_schema(parameters)
+        return parameters
 
 
 class ToolDefinition(StrictModel):
@@ -480,4 +494,4 @@ def _as_gateway_error(error: Mapping[str, Any]) -> GatewayError:
         return bad_request(
             f"Invalid value for '{param}': {value}; expected {ctx.get('expected', 'one of the allowed values')}.", param
         )
-    return bad_request(f"Invalid '{param}': {error['msg']} (got {value}).", param)
+    return bad_request(f"Invalid '{param}': {str(error['msg']).removeprefix('Value error, ')} (got {value}).", param)

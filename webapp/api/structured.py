@@ -17,6 +17,61 @@ from typing import Any
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+MAX_SCHEMA_DEPTH = 32  # nested objects and arrays in one JSON schema (real ones rarely pass 10)
+MAX_SCHEMA_BYTES = 64 * 1024  # one schema, as JSON
+
+
+def check_schema(schema: dict[str, Any]) -> None:
+    """ValueError (the client's mistake, named by the caller's field) for a JSON schema a grammar should not be built
+    from: nested deeper than MAX_SCHEMA_DEPTH, larger than MAX_SCHEMA_BYTES, or with a `$ref` that leads back to
+    itself (the grammar of a recursive schema has no bound: llguidance gives up mid-answer)."""
+    depth = 0
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:  # iteratively: a schema nested hundreds deep must not exhaust the interpreter's stack
+        node, level = stack.pop()
+        depth = max(depth, level)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    if len(json.dumps(schema, separators=(",", ":"))) > MAX_SCHEMA_BYTES:
+        raise ValueError(f"the schema takes more than {MAX_SCHEMA_BYTES // 1024} KiB")
+    cycle = _ref_cycle(schema)
+    if cycle:
+        raise ValueError(f"the schema refers to itself ({' -> '.join(cycle)}): recursive schemas cannot be enforced")
+
+
+def _ref_cycle(schema: dict[str, Any]) -> list[str]:
+    """A chain of local `$ref`s ("#", "#/$defs/x", "#/definitions/x") that comes back to where it started, or []."""
+
+    def refs_in(node: Any) -> list[str]:
+        found, stack = [], [node]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                if isinstance(item.get("$ref"), str):
+                    found.append(item["$ref"])
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+        return found
+
+    def target(ref: str) -> Any:
+        node: Any = schema
+        for part in ref.removeprefix("#").strip("/").split("/") if ref != "#" else []:
+            node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
+        return node
+
+    def walk(ref: str, path: list[str]) -> list[str]:
+        if ref in path:
+            return [*path[path.index(ref) :], ref]
+        node = target(ref) if ref.startswith("#") else None
+        for inner in refs_in(node) if node is not None else []:
+            if found := walk(inner, [*path, ref]):
+                return found
+        return []
+
+    return next((cycle for ref in refs_in(schema) if (cycle := walk(ref, []))), [])
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
 from webapp.gateway.lifecycle import Turn
-from webapp.header_limits import APP_HEADER_BYTES
+from webapp.transport import APP_HEADER_BYTES
 from webapp.worker import wire
 from webapp.worker.registry import model_load
 

@@ -8,6 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from webapp.benchmark import saved
+
 
 def _slug() -> str:
     return secrets.token_urlsafe(9)
@@ -40,11 +42,12 @@ class BenchResult(models.Model):
         )
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per measured request, for CSV export."""
+        """One row per measured request, for CSV export; text that a spreadsheet would run as a formula is escaped."""
         out = []
-        for lane in self.lanes:
-            for i, run in enumerate(lane.get("runs", [])):
-                out.append({"lane": lane.get("name", ""), "run": i + 1, **{k: run.get(k) for k in CSV_FIELDS}})
+        for lane in saved.lanes_of(self.lanes):
+            for i, run in enumerate(lane["runs"]):
+                row = {"lane": lane["name"], "run": i + 1, **{k: run.get(k) for k in CSV_FIELDS}}
+                out.append({k: saved.spreadsheet_safe(v) for k, v in row.items()})
         return out
 
 

@@ -15,8 +15,11 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
+from webapp.benchmark import saved
 from webapp.benchmark.models import CSV_FIELDS, BenchResult
 from webapp.catalog import configured_models
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.json_input import BadJSON, loads_object
 from webapp.worker import registry
 
 MAX_RESULT_BYTES = 2 * 1024 * 1024
@@ -42,23 +45,34 @@ def page(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _refused(status: int, message: str, param: str | None = None) -> JsonResponse:
+    error = GatewayError(status, message, "invalid_request_error", "invalid_result", param)
+    return JsonResponse(error.body(), status=status)
+
+
 @require_POST
 def save(request: HttpRequest) -> JsonResponse:
-    """Keep a finished run: {"title", "settings", "lanes"} → its permalink."""
+    """Keep a finished run: {"title", "settings", "lanes"} → its permalink. Read as the API reads a body, then checked
+    field by field (`webapp.benchmark.saved`): what is kept is what the page and the exports can show."""
     if len(request.body) > MAX_RESULT_BYTES:
-        return JsonResponse({"error": "This result is too large to keep."}, status=413)
+        return _refused(413, "This result is too large to keep.")
     try:
-        data = json.loads(request.body)
-        title, settings, lanes = str(data["title"])[:120], data["settings"], data["lanes"]
-        if not isinstance(settings, dict) or not isinstance(lanes, list):
-            raise ValueError
-    except (ValueError, KeyError, TypeError):
-        return JsonResponse(
-            {"error": "Expected JSON with 'title', 'settings' (an object) and 'lanes' (a list)."}, status=400
-        )
+        text = request.body.decode("utf-8")
+        result = saved.validate(loads_object(text, "The result"))
+    except UnicodeDecodeError:
+        return _refused(400, "The result is not valid UTF-8.")
+    except BadJSON as exc:
+        return _refused(400, exc.message, exc.param)
+    except ValueError as exc:
+        return _refused(400, f"This result cannot be kept: {exc}")
     user_id, session_key = _owner(request)
+    kept = result.model_dump()
     result = BenchResult.objects.create(
-        user_id=user_id, session_key=session_key, title=title or "benchmark", settings=settings, lanes=lanes
+        user_id=user_id,
+        session_key=session_key,
+        title=kept["title"] or "benchmark",
+        settings=kept["settings"],
+        lanes=kept["lanes"],
     )
     return JsonResponse(
         {"slug": result.slug, "url": request.build_absolute_uri(f"/bench/r/{result.slug}/")},
@@ -86,7 +100,7 @@ def permalink(request: HttpRequest, slug: str) -> HttpResponse:
     data = {
         "title": result.title,
         "settings": result.settings,
-        "lanes": result.lanes,
+        "lanes": saved.lanes_of(result.lanes),
         "created": result.created_at.isoformat(),
         "slug": result.slug,
     }
@@ -100,7 +114,7 @@ def compare(request: HttpRequest) -> HttpResponse:
     results = [r for r in (BenchResult.objects.filter(slug=s).first() for s in slugs) if r is not None]
     if not results:
         raise Http404("Choose saved results to compare.")
-    lanes = [{**lane, "name": f"{r.title[:30]} · {lane.get('name', '')}"} for r in results for lane in r.lanes]
+    lanes = [{**lane, "name": f"{r.title[:30]} · {lane['name']}"} for r in results for lane in saved.lanes_of(r.lanes)]
     data = {
         "title": " vs ".join(r.title[:30] for r in results),
         "lanes": lanes,
@@ -117,7 +131,7 @@ def export_json(request: HttpRequest, slug: str) -> JsonResponse:
             "title": result.title,
             "created": result.created_at.isoformat(),
             "settings": result.settings,
-            "lanes": result.lanes,
+            "lanes": saved.lanes_of(result.lanes),
         },
         headers={"Content-Disposition": f'attachment; filename="bench-{slug}.json"'},
     )

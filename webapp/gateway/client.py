@@ -53,6 +53,26 @@ def _layer_failed(exc: BaseException) -> GatewayError:
     )
 
 
+def _no_worker(model: str, load: wire.ModelLoad) -> GatewayError:
+    """No live worker serves `model`, and none is loading it: an answer now, not a wait for the worker timeout."""
+    if load.state == "failed":
+        return GatewayError(
+            503,
+            f"The model {model!r} could not be loaded: {load.detail}",
+            "server_error",
+            "model_unavailable",
+            headers={"Retry-After": "30"},
+        )
+    why = load.detail or f"no inference worker holding {model} has reported"
+    return GatewayError(
+        503,
+        f"No inference worker serves {model!r} now ({why}); retry shortly.",
+        "server_error",
+        "no_worker",
+        headers={"Retry-After": "5"},
+    )
+
+
 def _worker_lost(worker: str) -> GatewayError:
     return GatewayError(
         503,
@@ -81,12 +101,17 @@ def _raise_for(reply: wire.AnyReply) -> None:
 
 class Replies:
     """The replies on one channel, read without ever cancelling a receive (cancel-safe on every layer), while
-    watching the worker's heartbeat: a dead worker raises `worker_lost`, a silent live one `worker_timeout`."""
+    watching the worker's heartbeat: a dead worker raises `worker_lost`, a silent live one `worker_timeout`. Before a
+    worker has taken the request (sent to the model's shared channel), the model's load state is watched instead: a
+    model nobody serves any more raises `no_worker` within a heartbeat, one that no worker has started loading after
+    `ROUNDTRIP_WORKER_START_TIMEOUT` seconds too."""
 
-    def __init__(self, layer: BaseChannelLayer, channel: str, worker: str | None) -> None:
+    def __init__(self, layer: BaseChannelLayer, channel: str, worker: str | None, model: str = "") -> None:
         self.layer = layer
         self.channel = channel
         self.worker = worker
+        self.model = model
+        self.started = time.monotonic()
         self._receiving: asyncio.Task[dict[str, Any]] | None = None
 
     async def next(self, patient: bool = False) -> wire.AnyReply:
@@ -124,6 +149,8 @@ class Replies:
                 self.worker
             ):
                 raise _worker_lost(self.worker)
+            if self.worker is None and self.model:
+                await self._check_someone_serves()
             if deadline is not None and time.monotonic() > deadline:
                 raise GatewayError(
                     503,
@@ -132,6 +159,14 @@ class Replies:
                     "worker_timeout",
                     headers={"Retry-After": "5"},
                 )
+
+    async def _check_someone_serves(self) -> None:
+        load = await sync_to_async(registry.model_load, thread_sensitive=False)(self.model)
+        waited = time.monotonic() - self.started
+        if load.state in ("unavailable", "failed") or (
+            load.state == "not started" and waited > settings.ROUNDTRIP_WORKER_START_TIMEOUT
+        ):
+            raise _no_worker(self.model, load)
 
     def close(self) -> None:
         if self._receiving is not None:
@@ -146,6 +181,9 @@ async def _target(route: ModelRoute) -> tuple[str, str | None]:
     workers = await sync_to_async(registry.live_workers, thread_sensitive=False)(route.id)
     worker = registry.pick(workers, route.id)
     if worker is None:
+        load = await sync_to_async(registry.model_load, thread_sensitive=False)(route.id)
+        if load.state in ("unavailable", "failed"):  # it was served and its workers are gone, or it could not load
+            raise _no_worker(route.id, load)
         return route.work_channel, None
     registry.in_flight[worker.worker] += 1
     return worker.channel, worker.worker
@@ -166,7 +204,7 @@ class Generation:
         self.layer = layer
         self.request = request
         self.request_id = request.request_id
-        self.replies = Replies(layer, request.reply_to, worker)
+        self.replies = Replies(layer, request.reply_to, worker, request.model)
         self.control: str | None = None
         self.worker = worker
         self.accepted: wire.Accepted | None = None
@@ -276,7 +314,7 @@ async def _ask(route: ModelRoute, question: type[Q], answer: type[R], **fields: 
     layer = _layer()
     reply_to = await layer.new_channel("reply.")
     channel, worker = await _target(route)
-    replies = Replies(layer, reply_to, worker)
+    replies = Replies(layer, reply_to, worker, route.id)
     try:
         await _send(layer, channel, question(request_id=new_request_id(), model=route.id, reply_to=reply_to, **fields))
         while True:

@@ -7,7 +7,7 @@ from typing import Any
 from daphne.server import Server
 from django.core.management.base import BaseCommand, CommandParser
 
-from webapp import header_limits
+from webapp import transport
 from webapp.worker.inprocess import ensure_started
 
 
@@ -29,5 +29,5 @@ class Command(BaseCommand):
             self.stdout.flush()
             ensure_started()
 
-        header_limits.install()
+        transport.install()
         Server(application, endpoints=[f"tcp:port={port}:interface={host}"], ready_callable=ready, verbosity=0).run()

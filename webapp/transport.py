@@ -1,4 +1,7 @@
-"""Oversized request headers get an answer, not a dropped connection.
+"""What the HTTP transport under Daphne (Twisted) does before the application sees a request: every request reaches
+the application, which answers in its own format and writes a usage row.
+
+Oversized request headers get an answer, not a dropped connection.
 
 Twisted's HTTP channel (under Daphne) closes the connection without a word when one header line passes 16 KiB,
 and answers a bare 400 when all of them do. Here the transport reads header lines up to `TRANSPORT_HEADER_BYTES`, so
@@ -6,6 +9,10 @@ a request with, say, a 60 KB `Authorization` header reaches the application, whi
 and writes a usage row (`webapp.api.views`, limit `APP_HEADER_BYTES`). Past the transport's limit a request is
 refused before the application sees it: a 431 with an OpenAI-style JSON body, and no usage row (nothing was
 identified yet).
+
+Form bodies are left to the application: Twisted parses a POSTed `multipart/form-data` body itself and answers a
+malformed one (no boundary) with a bare 400 of its own; Daphne never needed that parse (it hands the raw body on), so
+it is switched off, and the API answers such a body with its 400 and a usage row like any other that is not JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from daphne.http_protocol import HTTPFactory
+from daphne import http_protocol
+from daphne.http_protocol import HTTPFactory, WebRequest
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
 from webapp.gateway.errors import GatewayError
@@ -57,10 +65,20 @@ class HeaderLimitChannel(HTTPChannel):
         self.loseConnection()
 
 
+class FormsLeftToTheApplication(WebRequest):
+    """Daphne's request, without Twisted's own parse of form bodies."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._parsePOSTFormSubmission = False
+
+
 def _channel(factory: Any) -> _GenericHTTPChannelProtocol:
     return _GenericHTTPChannelProtocol(HeaderLimitChannel())
 
 
 def install() -> None:
-    """Make Daphne's HTTP factory build `HeaderLimitChannel`s (before `Server.run`)."""
+    """Make Daphne's HTTP factory build `HeaderLimitChannel`s, and leave form bodies to the application (before
+    `Server.run`)."""
     HTTPFactory.protocol = _channel
+    http_protocol.WebRequest = FormsLeftToTheApplication  # what HTTPFactory.buildProtocol builds

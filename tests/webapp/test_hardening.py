@@ -1,0 +1,149 @@
+"""The second hardening pass (issue 29), against the live server and the tiny model: each client mistake found by
+probing is a fast 4xx in OpenAI's shape with one usage row, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from webapp.usage.models import UsageRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HI = [{"role": "user", "content": "hi"}]
+FAST = 2.0  # seconds: a refusal on the tiny model
+
+
+def usage_row(request_id: str) -> UsageRecord:
+    deadline = time.monotonic() + 5
+    while not (rows := UsageRecord.objects.filter(request_id=request_id)).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rows.count() == 1
+    return rows.get()
+
+
+def post(server: Any, key: str, path: str, body: dict[str, Any]) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    reply = httpx.post(f"{server.api}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=200)
+    return reply, time.monotonic() - started
+
+
+def test_a_logit_bias_beyond_the_vocabulary_is_a_fast_400_that_frees_the_slot(
+    daphne_server: Any, make_key: Any
+) -> None:
+    key = make_key(concurrent_streams=1)  # one slot: a request that kept it would lock the key out
+    chat = {"model": "tiny", "max_tokens": 4, "logit_bias": {"99999": 1}, "messages": HI}
+    legacy = {"model": "tiny", "max_tokens": 4, "logit_bias": {"99999": 1}, "prompt": "hi"}
+    for path, body in (
+        ("/chat/completions", chat),
+        ("/chat/completions", {**chat, "stream": True}),
+        ("/completions", legacy),
+    ):
+        reply, took = post(daphne_server, key, path, body)
+        assert reply.status_code == 400 and took < FAST, (path, reply.status_code, took)
+        error = reply.json()["error"]
+        assert error["param"] == "logit_bias" and "99999" in error["message"]
+        assert usage_row(reply.headers["x-request-id"]).status == 400
+    ok, _ = post(daphne_server, key, "/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": HI})
+    assert ok.status_code == 200
+
+
+def nested_schema(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": nested_schema(300)}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "tree",
+                        "schema": {"type": "object", "properties": {"child": {"$ref": "#"}}},
+                    },
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "list",
+                        "schema": {
+                            "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}},
+                            "$ref": "#/$defs/node",
+                        },
+                    },
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
+def test_a_schema_that_cannot_be_enforced_is_a_fast_400_naming_it(
+    daphne_server: Any, make_key: Any, extra: dict[str, Any], param: str
+) -> None:
+    key = make_key()
+    reply, took = post(
+        daphne_server, key, "/chat/completions", {"model": "tiny", "max_tokens": 4, "messages": HI, **extra}
+    )
+    assert reply.status_code == 400 and took < FAST and reply.json()["error"]["param"] == param
+    assert usage_row(reply.headers["x-request-id"]).status == 400
+
+
+def test_the_benchmark_pages_save_refuses_what_it_cannot_keep_and_exports_stay_safe(daphne_server: Any) -> None:
+    client = httpx.Client(base_url=daphne_server.url, timeout=30)
+    client.get("/bench/")
+    token = client.cookies["csrftoken"]
+
+    def save(content: bytes) -> httpx.Response:
+        return client.post(
+            "/bench/results/new", content=content, headers={"Content-Type": "application/json", "X-CSRFToken": token}
+        )
+
+    settings = {"lanes": [], "prompt": "p", "runs": 1, "concurrency": 1}
+    for bad, words in (
+        (b'{"title": "t", "settings": ' + b"[" * 5000 + b"]" * 5000 + b', "lanes": []}', "nested too deeply"),
+        (b'{"title": "\\ud800", "settings": {}, "lanes": []}', "lone UTF-16 surrogate"),
+        (b'{"title": "t", "settings": {}, "lanes": [], "x": NaN}', "NaN is not valid JSON"),
+        (json.dumps({"title": "t", "settings": settings, "lanes": [1, "x", None]}).encode(), "lanes[0]"),
+    ):
+        refused = save(bad)
+        assert refused.status_code == 400 and words in refused.json()["error"]["message"], (words, refused.text)
+    run = {"status": 200, "error": "=cmd|' /C calc'!A0", "ttft_ms": 12.5, "tokens": 3, "request_id": "+1"}
+    kept = save(
+        json.dumps({"title": "t", "settings": settings, "lanes": [{"name": "@SUM(A1)", "runs": [run]}]}).encode()
+    )
+    assert kept.status_code == 201
+    slug = kept.json()["slug"]
+    csv_text = client.get(f"/bench/r/{slug}.csv").text
+    assert "'=cmd" in csv_text and "'@SUM(A1)" in csv_text and "'+1" in csv_text and ",12.5," in csv_text
+    assert client.get(f"/bench/compare?r={slug}").status_code == 200
+
+
+def test_multipart_without_a_boundary_gets_an_openai_shaped_400_and_a_usage_row(
+    daphne_server: Any, make_key: Any
+) -> None:
+    key = make_key()
+    reply = httpx.post(
+        f"{daphne_server.api}/chat/completions",
+        content=b"--x\r\n\r\n--x--",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "multipart/form-data"},
+        timeout=30,
+    )
+    assert reply.status_code == 400 and set(reply.json()["error"]) == {"message", "type", "param", "code"}
+    assert usage_row(reply.headers["x-request-id"]).status == 400
