@@ -72,7 +72,7 @@ class ChatPipeline:
             params = dataclasses.replace(params, seed=secrets.randbits(63))
         limit = self.loaded.config.context_length
         if not truncate_history:
-            self._within_reach(messages, text, limit)
+            self._within_reach(messages, text, limit, tools)
         started = time.perf_counter()
         first = 1 if messages and messages[0]["role"] == "system" else 0
 
@@ -101,13 +101,17 @@ class ChatPipeline:
         grammar = self._grammar(params.grammar) if params.grammar else None
         return PreparedRequest(prompt, params, dropped, received, time.perf_counter() - started, grammar)
 
-    def _within_reach(self, messages: Sequence[Message], text: str | None, limit: int) -> None:
-        """Refuse at once what cannot fit whatever the tokenization: each message takes at least one token, and no
-        token spells more characters than the longest in the vocabulary."""
+    def _within_reach(
+        self, messages: Sequence[Message], text: str | None, limit: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> None:
+        """Refuse at once, before any rendering or tokenizing, what cannot fit whatever the tokenization: each message
+        takes at least one token, and no token spells more characters than the longest in the vocabulary. The tools'
+        descriptions count too: every template that shows tools to the model shows those."""
         if text is None and len(messages) > limit:
             raise PromptFarTooLongError(f"{len(messages)} messages", limit)
         longest = self._longest_token
         chars = len(text) if text is not None else sum(len(m.get("content") or "") for m in messages)
+        chars += sum(len(str(tool.get("description") or "")) for tool in tools or ())
         if chars > limit * longest:
             raise PromptFarTooLongError(f"{chars} characters", limit)
 

@@ -4,10 +4,12 @@ that drive the gateway's side of the wire (the client, a Turn) against it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels import layers as channel_layers
 from django.test import override_settings
 from load_settings import CPU
@@ -16,10 +18,18 @@ from loops import run_async
 from inference.params import SamplingParams
 from webapp.catalog import ModelRoute
 from webapp.gateway import client
-from webapp.worker import wire
+from webapp.worker import registry, wire
 from webapp.worker.service import serve
 
 HI = [{"role": "user", "content": "hi"}]
+
+
+async def worker_ready(model_id: str, patience: float = 60) -> None:
+    """Until a live worker holds `model_id` (a model's load state may still say "ready" from an earlier worker)."""
+    deadline = time.monotonic() + patience
+    while not await sync_to_async(registry.live_workers)(model_id):
+        assert time.monotonic() < deadline, f"no worker took {model_id} in {patience} s"
+        await asyncio.sleep(0.05)
 
 
 async def finished_text(route: ModelRoute) -> str:
@@ -45,6 +55,7 @@ def with_tiny_worker(
         if beside is not None:
             tasks.append(asyncio.create_task(beside()))
         try:
+            await worker_ready(route.id)
             await finished_text(route)  # loaded, warm and answering
             await body(route)
         finally:

@@ -20,7 +20,8 @@ from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import bad_request
 from webapp.gateway.json_input import BadJSON, loads_object
 
-MAX_FRAME_BYTES = 64 * 1024
+MAX_FRAME_BYTES = 64 * 1024  # larger frames get an error frame; past 1 MiB the socket closes with 1009 and a reason
+QUESTIONS = {"inspect": inspect, "resample": resample, "prompt_attention": prompt_attention}
 _json = msgspec.json.Encoder()
 
 
@@ -69,31 +70,40 @@ class PipelineConsumer(FrameConsumer):
             self.task.cancel()
 
     async def receive_frame(self, frame: dict[str, Any]) -> None:
+        """Every frame gets an answer: its own frames, an error frame, or a pong."""
         kind = frame["type"]
         if kind == "chat":
-            if self.task is not None and not self.task.done():
-                await self.error("A turn is already running on this connection; wait for it or cancel it.", "busy")
-                return
-            self.run = Run(self._visitor(), frame)
-            self.task = asyncio.create_task(self._forward(self.run))
-        elif kind == "next" and self.run is not None:
-            await self.run.next_token()
-        elif kind == "cancel" and self.run is not None:
-            await self.run.cancel()
-        elif kind == "inspect":
-            await self.send_frame(await inspect(self._visitor(), frame))
-        elif kind == "resample":
-            await self.send_frame(await resample(self._visitor(), frame))
-        elif kind == "prompt_attention":
-            await self.send_frame(await prompt_attention(self._visitor(), frame))
+            await self._chat(frame)
+        elif kind in ("next", "cancel"):
+            await self._control(kind)
+        elif kind in QUESTIONS:
+            await self.send_frame(await QUESTIONS[kind](self._visitor(), frame))
         elif kind == "ping":
             await self.send_frame({"type": "pong"})
-        elif kind not in ("next", "cancel"):
+        else:
             await self.error(
-                f"Unknown frame type {kind!r}; expected chat, next, cancel, inspect, prompt_attention, resample or "
-                "ping.",
+                f"Unknown frame type {kind!r}; expected chat, next, cancel, {', '.join(QUESTIONS)} or ping.",
                 "unknown_type",
             )
+
+    async def _chat(self, frame: dict[str, Any]) -> None:
+        if self._running():
+            await self.error("A turn is already running on this connection; wait for it or cancel it.", "busy")
+            return
+        self.run = Run(self._visitor(), frame)
+        self.task = asyncio.create_task(self._forward(self.run))
+
+    async def _control(self, kind: str) -> None:
+        """Step mode's "next" (answered by the next token's frames) or "cancel" (by the turn's usage and done)."""
+        if self.run is None or not self._running():
+            await self.error(f"No turn is running on this connection: nothing to {kind}.", "no_turn")
+        elif kind == "next":
+            await self.run.next_token()
+        else:
+            await self.run.cancel()
+
+    def _running(self) -> bool:
+        return self.task is not None and not self.task.done()
 
     async def _forward(self, run: Run) -> None:
         async for frame in run.frames():

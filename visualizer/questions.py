@@ -11,30 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import Field
-
+from visualizer.frames import InspectFrame, PromptAttentionFrame, ResampleFrame
 from visualizer.runs import Visitor, error_frame
-from webapp.api.protocol import SamplingFields, parse
+from webapp.api.protocol import parse
 from webapp.catalog import ModelRoute
 from webapp.gateway import client
-from webapp.gateway.errors import bad_request
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
-
-MAX_IDS = 1_000_000  # the worker checks ids against its vocabulary and context length
-TokenId = Annotated[int, Field(ge=0)]
-
-
-class ResampleFrame(SamplingFields):
-    """{"type": "resample", "model", "step", "prompt_ids", "generated", and the sampling fields to change}."""
-
-    type: Literal["resample"]
-    model: str = Field("default", min_length=1)
-    step: int | None = None  # echoed, so the page knows which step the answer is about
-    prompt_ids: list[TokenId] = Field(min_length=1, max_length=MAX_IDS)
-    generated: list[TokenId] = Field(default_factory=list, max_length=MAX_IDS)
 
 
 async def _ask(
@@ -59,12 +44,10 @@ async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
     """The page asks for more: full-level detail of one token after the fact."""
 
     async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
-        ids = frame.get("ids")
-        if not isinstance(ids, list):
-            raise bad_request("'ids' must be a list of token ids.", "ids")
-        turn.usage.prompt_tokens = len(ids)
-        detail = await client.inspect(route, ids)  # the worker checks each id against its vocabulary
-        return {"type": "inspection", "step": frame.get("step"), "detail": detail}
+        asked: InspectFrame = parse(InspectFrame, frame)
+        turn.usage.prompt_tokens = len(asked.ids)
+        detail = await client.inspect(route, asked.ids)  # the worker checks each id against its vocabulary
+        return {"type": "inspection", "step": asked.step, "detail": detail}
 
     return await _ask(visitor, "ws.inspect", frame.get("model"), work)
 
@@ -73,14 +56,11 @@ async def prompt_attention(visitor: Visitor, frame: dict[str, Any]) -> dict[str,
     """Every prompt position's attention at one layer, recomputed: the matrix the live trace has one row of."""
 
     async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
-        ids, layer = frame.get("ids"), frame.get("layer")
-        if not isinstance(ids, list):
-            raise bad_request("'ids' must be a list of token ids.", "ids")
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise bad_request("'layer' must be a layer number.", "layer")
-        turn.usage.prompt_tokens = len(ids)
-        attention = await client.prompt_attention(route, ids, layer)  # the worker checks the ids and the layer's range
-        return {"type": "prompt_attention", "layer": layer, "attention": attention}
+        asked: PromptAttentionFrame = parse(PromptAttentionFrame, frame)
+        turn.usage.prompt_tokens = len(asked.ids)
+        # the worker checks the ids against its vocabulary and the layer against its depth
+        attention = await client.prompt_attention(route, asked.ids, asked.layer)
+        return {"type": "prompt_attention", "layer": asked.layer, "attention": attention}
 
     return await _ask(visitor, "ws.prompt_attention", frame.get("model"), work)
 
@@ -89,9 +69,9 @@ async def resample(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
     """What if: one step drawn again with other sampling settings, on its real logits."""
 
     async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
-        request: ResampleFrame = parse(ResampleFrame, frame)
-        turn.usage.prompt_tokens = len(request.prompt_ids) + len(request.generated)
-        event = await client.resample(route, request.prompt_ids, request.generated, request.sampling(max_tokens=1))
-        return {"type": "resampled", "step": request.step, "event": event}
+        asked: ResampleFrame = parse(ResampleFrame, frame)
+        turn.usage.prompt_tokens = len(asked.prompt_ids) + len(asked.generated)
+        event = await client.resample(route, asked.prompt_ids, asked.generated, asked.sampling(max_tokens=1))
+        return {"type": "resampled", "step": asked.step, "event": event}
 
     return await _ask(visitor, "ws.resample", frame.get("model"), work)

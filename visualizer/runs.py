@@ -16,30 +16,14 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from visualizer.frames import ChatFrame
 from visualizer.models import Conversation
 from webapp.api.protocol import ChatCompletionRequest, parse
 from webapp.gateway import client
-from webapp.gateway.errors import GatewayError, bad_request
+from webapp.gateway.errors import GatewayError
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
 from webapp.worker import wire
-
-LEVELS: dict[str, wire.Level] = {"summary": "summary", "full": "full"}
-RUN_FIELDS = {"type", "model", "messages", "params", "level", "step", "conversation", "continue_final_message"}
-PARAM_FIELDS = {
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_tokens",
-    "seed",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "stop",
-    "logit_bias",
-    "response_format",
-}
 
 
 def error_frame(error: GatewayError) -> dict[str, Any]:
@@ -83,23 +67,15 @@ class Run:
         if self.generation is not None:
             await self.generation.cancel()
 
-    def _body(self) -> tuple[dict[str, Any], wire.Level, bool]:
-        """The payload as an OpenAI-style body for the shared parser, plus the trace level and step mode."""
-        p = self.payload
-        unknown = sorted(set(p) - RUN_FIELDS)
-        if unknown:
-            raise bad_request(f"Unknown field in the chat message: {unknown[0]}", unknown[0])
-        params = p.get("params") or {}
-        if not isinstance(params, dict) or set(params) - PARAM_FIELDS:
-            raise bad_request(f"'params' may only hold {', '.join(sorted(PARAM_FIELDS))}.", "params")
-        asked = p.get("level", "summary")
-        level = LEVELS.get(asked) if isinstance(asked, str) else None
-        if level is None:
-            raise bad_request(f"'level' must be one of {', '.join(LEVELS.values())}.", "level")
-        body = {"model": p.get("model", "default"), "messages": p.get("messages"), **params}
-        if "continue_final_message" in p:  # a branch: the answer so far, then the model goes on from it
-            body["continue_final_message"] = p["continue_final_message"]
-        return body, level, bool(p.get("step"))
+    def _body(self) -> tuple[dict[str, Any], ChatFrame]:
+        """The frame, checked field by field, and as an OpenAI-style body for the chat request's parser."""
+        frame: ChatFrame = parse(ChatFrame, self.payload)
+        body: dict[str, Any] = {"model": frame.model, "messages": frame.messages}
+        for name, value in frame.params.items():
+            body[name] = value
+        if frame.continue_final_message is not None:  # a branch: the answer so far, then the model goes on from it
+            body["continue_final_message"] = frame.continue_final_message
+        return body, frame
 
     async def frames(self) -> AsyncIterator[dict[str, Any]]:
         turn = Turn("ws.chat", self.visitor.client_ip, stream=True)
@@ -111,7 +87,7 @@ class Run:
                 identify_session(self.visitor.user_id, self.visitor.session_key, self.visitor.client_ip),
                 time.perf_counter(),
             )
-            body, level, step = self._body()
+            body, frame = self._body()
             request = parse(ChatCompletionRequest, body)
             ctx.prompt_text = request.chat_messages[-1]["content"]
             await turn.admit(request.model)
@@ -119,9 +95,9 @@ class Run:
             self.generation = await turn.generate(
                 request.chat_messages,
                 request.params,
-                level,
+                frame.level,
                 fit_max_tokens=not request.max_tokens_given,
-                step=step,
+                step=frame.step,
                 continue_final=request.continue_final_message,
             )
             yield accepted_frame(self.generation.accepted)
@@ -150,10 +126,10 @@ class Run:
 
     def _save_exchange(self, request_id: str, messages: list[dict[str, str]], answer: str) -> None:
         """Keep the turn: in the conversation the page named (if it is this visitor's), else in a new one."""
-        conversation_id = self.payload.get("conversation")
+        conversation_id = self.payload.get("conversation")  # checked to be a positive integer by `_body`
         question = messages[-1]["content"]
         owned = Conversation.owned_by(self.visitor.user_id, self.visitor.session_key)
-        conversation = owned.filter(pk=conversation_id).first() if isinstance(conversation_id, int) else None
+        conversation = owned.filter(pk=conversation_id).first() if conversation_id is not None else None
         if conversation is None:
             system = next((m["content"] for m in messages if m["role"] == "system"), "")
             conversation = Conversation.objects.create(

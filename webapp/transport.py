@@ -10,6 +10,9 @@ and writes a usage row (`webapp.api.views`, limit `APP_HEADER_BYTES`). Past the 
 refused before the application sees it: a 431 with an OpenAI-style JSON body, and no usage row (nothing was
 identified yet).
 
+A WebSocket message past Daphne's limit (1 MiB) closes the socket with a close frame and a reason, not a dropped
+connection.
+
 Form bodies are left to the application: Twisted parses a POSTed `multipart/form-data` body itself and answers a
 malformed one (no boundary) with a bare 400 of its own; Daphne never needed that parse (it hands the raw body on), so
 it is switched off, and the API answers such a body with its 400 and a usage row like any other that is not JSON.
@@ -75,6 +78,12 @@ class FormsLeftToTheApplication(WebRequest):
 
 def _channel(factory: Any) -> _GenericHTTPChannelProtocol:
     return _GenericHTTPChannelProtocol(HeaderLimitChannel())
+
+
+def close_oversized_sockets_cleanly(ws_factory: Any) -> None:
+    """A WebSocket message past Daphne's 1 MiB limit closes the socket with a close frame (1009, "message too big",
+    and the limit in its reason) instead of autobahn's default, dropping the TCP connection without a word."""
+    ws_factory.setProtocolOptions(failByDrop=False)
 
 
 def install() -> None:

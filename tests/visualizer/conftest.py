@@ -16,6 +16,7 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from conftest import SERVICE_SKIP_PREFIX
 from django.test import override_settings
+from inprocess import worker_ready
 from load_settings import CPU
 from loops import run_async
 
@@ -102,6 +103,7 @@ def with_worker(
         async def main() -> None:
             channel_layers.backends = {}  # a fresh in-memory layer for this event loop
             worker = asyncio.create_task(serve([ModelRoute("tiny", str(tiny_model_path), ())], show_progress=False))
+            await worker_ready("tiny")
             communicator = WebsocketCommunicator(APP, "/ws/pipeline/")
             connected, _ = await communicator.connect()
             assert connected

@@ -179,7 +179,7 @@ def test_the_page_can_ask_for_the_prompts_full_attention_matrix(with_worker: Any
         frame = await ws.receive_json_from(timeout=30)
         assert frame["type"] == "prompt_attention" and frame["layer"] == 1
         assert frame["attention"]["shape"] == [4, 5, 5] and frame["attention"]["positions"] == [0, 1, 2, 3, 4]
-        for layer, words in ((2, "'layer' must be 0 to 1"), ("top", "'layer' must be a layer number")):
+        for layer, words in ((2, "'layer' must be 0 to 1"), ("top", "Invalid type for 'layer': expected an integer")):
             await ws.send_json_to({"type": "prompt_attention", "model": "tiny", "ids": [1, 50], "layer": layer})
             error = await ws.receive_json_from(timeout=30)
             assert error["type"] == "error" and words in error["message"]
@@ -244,3 +244,34 @@ def test_an_unexpected_failure_mid_turn_gets_an_error_frame_and_an_error_row(
     with_worker(body)
     row = UsageRecord.objects.get(endpoint="ws.chat")
     assert (row.status, row.finish_reason, row.error_code) == (500, "error", "server_error")
+
+
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"step": "yes"}, "step"),
+        ({"step": [1]}, "step"),
+        ({"conversation": "seven"}, "conversation"),
+        ({"params": {"surprise": 1}}, "params"),
+        ({"continue_final_message": 1}, "continue_final_message"),
+    ],
+)
+def test_every_field_of_a_chat_frame_is_typed(with_worker: Any, change: dict[str, Any], param: str) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({**CHAT, **change})
+        frames = await _until(ws, "done")
+        error = next(f for f in frames if f["type"] == "error")
+        assert error["status"] == 400 and error["param"].startswith(param), error
+        assert not any(f["type"] == "trace" for f in frames)
+
+    with_worker(body)
+
+
+def test_next_or_cancel_without_a_turn_gets_an_answer(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        for kind in ("next", "cancel"):
+            await ws.send_json_to({"type": kind})
+            frame = await ws.receive_json_from(timeout=10)
+            assert frame["type"] == "error" and frame["code"] == "no_turn" and kind in frame["message"]
+
+    with_worker(body)

@@ -3,12 +3,17 @@ probing is a fast 4xx in OpenAI's shape with one usage row, and the server keeps
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx2 as httpx
 import pytest
+import websockets
+from loops import run_async
+from websockets.typing import Origin
 
 from webapp.usage.models import UsageRecord
 
@@ -146,4 +151,37 @@ def test_multipart_without_a_boundary_gets_an_openai_shaped_400_and_a_usage_row(
         timeout=30,
     )
     assert reply.status_code == 400 and set(reply.json()["error"]) == {"message", "type", "param", "code"}
+    assert usage_row(reply.headers["x-request-id"]).status == 400
+
+
+def test_a_socket_frame_past_the_servers_limit_closes_with_a_reason(daphne_server: Any) -> None:
+    async def send_too_much() -> tuple[int | None, str]:
+        url = daphne_server.url.replace("http://", "ws://") + "/ws/pipeline/"
+        async with websockets.connect(url, origin=Origin(daphne_server.url), max_size=None) as ws:
+            assert json.loads(await ws.recv())["type"] == "hello"
+            await ws.send(json.dumps({"type": "chat", "pad": "x" * (1024 * 1024 + 10)}))
+            try:
+                await asyncio.wait_for(ws.recv(), 10)
+            except websockets.ConnectionClosed as closed:
+                return (closed.rcvd.code if closed.rcvd else None), (closed.rcvd.reason if closed.rcvd else "")
+        return None, "still open"
+
+    code, reason = run_async(send_too_much())
+    assert code == 1009 and "exceeds payload limit" in reason
+
+
+def test_a_huge_tool_list_is_refused_at_once_and_a_chat_beside_it_is_not_held_up(
+    daphne_server: Any, make_key: Any
+) -> None:
+    key = make_key()
+    tools = [{"type": "function", "function": {"name": f"f{i}", "description": "d" * 7000}} for i in range(128)]
+    heavy = {"model": "tiny", "max_tokens": 4, "messages": HI, "tools": tools}
+    light = {"model": "tiny", "max_tokens": 1, "messages": HI}
+    with ThreadPoolExecutor(2) as pool:
+        refused = pool.submit(post, daphne_server, key, "/chat/completions", heavy)
+        time.sleep(0.05)
+        chat = pool.submit(post, daphne_server, key, "/chat/completions", light)
+        (reply, took), (answer, answer_took) = refused.result(), chat.result()
+    assert reply.status_code == 400 and took < FAST and reply.json()["error"]["code"] == "context_length_exceeded"
+    assert answer.status_code == 200 and answer_took < FAST
     assert usage_row(reply.headers["x-request-id"]).status == 400

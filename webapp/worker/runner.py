@@ -2,10 +2,10 @@
 
 Torch work never runs on the event loop, and all of it runs on this one thread: the model is loaded here too,
 because every thread that calls into torch gets its own OpenMP team, and two teams on two cores halve decode speed
-(measured: 37 ms vs 64 ms per token). Templates and tokenization (no torch) run on a second, "prepare" thread, so a
-huge prompt never stalls the decode loop. Everything else arrives as typed commands on a queue; replies go out
-through `emit`, which hands them to the event loop in order. One-shot questions are answered by
-`webapp.worker.questions`.
+(measured: 37 ms vs 64 ms per token). Templates and tokenization (no torch) run on "prepare" threads, so a huge prompt
+never stalls the decode loop (two of them: a long one does not hold up the next request). Everything else arrives as
+typed commands on a queue; replies go out through `emit`, which hands them to the event loop in order. One-shot
+questions are answered by `webapp.worker.questions`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from webapp.worker.served import Served
 
 log = logging.getLogger("roundtrip.worker")
 STEP_IDLE_LIMIT = 1800.0  # seconds a step-mode request may wait for "next" before it is dropped
+PREPARE_THREADS = 2  # templates and tokenizers for arriving requests: a long one does not hold up the next
 Emit = Callable[[str, wire.Reply], None]
 
 
@@ -132,7 +133,7 @@ class EngineRunner:
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._stopping = False
-        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="roundtrip-prepare")
+        self._prepare = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="roundtrip-prepare")
         self._thread = threading.Thread(target=self._main, name="roundtrip-engine", daemon=True)
         self._thread.start()
 

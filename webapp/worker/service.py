@@ -103,6 +103,8 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     inbox = await layer.new_channel("inference-worker.")
     worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     ready = {route.id: asyncio.Event() for route in routes}
+    for route in routes:  # at once: requests for these models wait for this worker instead of being refused
+        await sync_to_async(registry.publish_load)(route.id, wire.ModelLoad(state="loading", stage="starting"))
 
     def on_ready(model_id: str) -> None:
         loop.call_soon_threadsafe(ready[model_id].set)

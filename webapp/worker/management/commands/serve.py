@@ -25,9 +25,11 @@ class Command(BaseCommand):
         shown = f"[{host}]" if ":" in host else host
 
         def ready() -> None:
+            transport.close_oversized_sockets_cleanly(server.ws_factory)
             self.stdout.write(f"Roundtrip is running at http://{shown}:{port}/  (Ctrl+C stops it)", ending="\n")
             self.stdout.flush()
             ensure_started()
 
         transport.install()
-        Server(application, endpoints=[f"tcp:port={port}:interface={host}"], ready_callable=ready, verbosity=0).run()
+        server = Server(application, endpoints=[f"tcp:port={port}:interface={host}"], ready_callable=ready, verbosity=0)
+        server.run()

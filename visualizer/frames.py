@@ -1,0 +1,74 @@
+"""What the page may send over its socket, typed: every field of every frame checked (booleans are booleans, ids are
+ids), so a frame the page would never send gets the gateway's 400 naming the field, not a guess.
+
+The chat frame's `messages` and `params` are checked by the chat API's own request model afterwards
+(`webapp.api.protocol.ChatCompletionRequest`), since they become exactly that request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from webapp.api.protocol import SamplingFields, StrictModel
+
+MAX_IDS = 1_000_000  # the worker checks ids against its vocabulary and context length
+TokenId = Annotated[int, Field(ge=0)]
+Ids = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_IDS)]
+ModelName = Annotated[str, Field(min_length=1, max_length=200)]
+ParamName = Literal[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+    "logit_bias",
+    "response_format",
+]
+
+
+class ChatFrame(StrictModel):
+    """{"type": "chat", "messages", "params", "level", "step", "conversation", "continue_final_message"}: one turn."""
+
+    type: Literal["chat"]
+    model: ModelName = "default"
+    messages: Any = None  # the chat request's own model checks these
+    params: dict[ParamName, Any] = Field(default_factory=dict)
+    level: Literal["summary", "full"] = "summary"
+    step: bool = False  # step mode: the server pauses after each token until a "next" frame
+    conversation: Annotated[int, Field(ge=1)] | None = None  # the kept conversation to add this exchange to
+    continue_final_message: bool | None = None  # a branch: the last message is the answer so far
+
+
+class InspectFrame(StrictModel):
+    """{"type": "inspect", "model", "ids", "step"}: the full-level detail of the last of `ids`, recomputed."""
+
+    type: Literal["inspect"]
+    model: ModelName = "default"
+    ids: Ids
+    step: int | None = None  # echoed, so the page knows which step the answer is about
+
+
+class PromptAttentionFrame(StrictModel):
+    """{"type": "prompt_attention", "model", "ids", "layer"}: one layer's whole token x token matrix."""
+
+    type: Literal["prompt_attention"]
+    model: ModelName = "default"
+    ids: Ids
+    layer: Annotated[int, Field(ge=0)]
+
+
+class ResampleFrame(SamplingFields):
+    """{"type": "resample", "model", "step", "prompt_ids", "generated", and the sampling fields to change}."""
+
+    type: Literal["resample"]
+    model: ModelName = "default"
+    step: int | None = None
+    prompt_ids: Ids
+    generated: list[TokenId] = Field(default_factory=list, max_length=MAX_IDS)
