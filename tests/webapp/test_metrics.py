@@ -70,6 +70,14 @@ def test_metrics_are_open_on_loopback_only_by_default() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("header", ["HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"])
+def test_a_request_a_proxy_passed_on_is_not_loopback_whatever_the_proxy_says(header: str) -> None:
+    """Behind a reverse proxy on this machine every visitor arrives from loopback: the forwarding header gives it away."""
+    refused = Client(REMOTE_ADDR="127.0.0.1").get("/metrics", **{header: "127.0.0.1"})
+    assert refused.status_code == 403
+
+
+@pytest.mark.django_db
 @override_settings(ROUNDTRIP_METRICS_TOKEN="s3cret")
 def test_with_a_token_set_every_client_needs_it() -> None:
     assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 403

@@ -27,7 +27,10 @@ def start(host: str, port: int, token: str) -> WSGIServer:
     metrics_app = make_wsgi_app()
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR"), token):
+        headers = {
+            key[5:].replace("_", "-").lower(): str(value) for key, value in environ.items() if key.startswith("HTTP_")
+        }
+        if not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR"), token, headers):
             start_response("403 Forbidden", [("Content-Type", "text/plain")])
             return [b"metrics need a valid bearer token or a loopback address\n"]
         return metrics_app(environ, start_response)
