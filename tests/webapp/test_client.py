@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.core.cache import cache
 from django.test import override_settings
 from loops import run_async
 
@@ -42,6 +43,7 @@ class SilentLayer(BrokenLayer):
 def test_a_broken_or_silent_layer_is_a_503_with_retry_after(
     monkeypatch: pytest.MonkeyPatch, layer: Any, code: str
 ) -> None:
+    cache.clear()  # no worker has reported yet (an earlier test's may still say "ready"): the request goes to the layer
     monkeypatch.setattr(client, "get_channel_layer", lambda: layer)
     with override_settings(ROUNDTRIP_WORKER_TIMEOUT=0.2), pytest.raises(GatewayError) as info:
         run_async(client.generate(ROUTE, [{"role": "user", "content": "hi"}], SamplingParams()))

@@ -6,12 +6,15 @@ server that enforces them."""
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -20,6 +23,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from webapp.api.openapi import openapi_spec
+from webapp.benchmark.openapi import bench_spec
+from webapp.usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 schema = schemathesis.openapi.from_dict(openapi_spec("http://127.0.0.1/v1"))
@@ -46,3 +51,83 @@ def test_the_api_conforms_to_its_document(case: Any, daphne_server: Any, fuzz_ke
     case.call_and_validate(
         base_url=daphne_server.api, headers={"Authorization": f"Bearer {fuzz_key}"}, checks=CHECKS, timeout=60
     )
+
+
+def numeric_fields() -> list[tuple[str, str, dict[str, Any]]]:
+    """(path, field, its number schema) for every numeric field of every POST body in the served document."""
+    spec = openapi_spec("http://127.0.0.1/v1")
+    components = spec["components"]["schemas"]
+    found = []
+    for path, operations in spec["paths"].items():
+        ref = operations.get("post", {}).get("requestBody", {}).get("content", {}).get("application/json", {})
+        name = ref.get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
+        for field, schema in components.get(name, {}).get("properties", {}).items():
+            for option in schema.get("anyOf", [schema]):
+                if option.get("type") in ("integer", "number") or "patternProperties" in option:
+                    found.append((path, field, option))
+    return found
+
+
+NUMERIC_FIELDS = numeric_fields()
+BASES = {
+    "/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+    "/completions": {"prompt": "hi"},
+    "/tokenize": {"text": "hi"},
+    "/detokenize": {"tokens": [1, 2]},
+}
+
+
+@st.composite
+def out_of_range(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    """A valid body for one endpoint with one numeric or token-id field out of its range (or of the vocabulary)."""
+    path, field, schema = draw(st.sampled_from(NUMERIC_FIELDS))
+    if "patternProperties" in schema:  # token ids: well-formed, beyond any vocabulary here
+        value: Any = {str(draw(st.integers(min_value=300, max_value=10**9 - 1))): draw(st.floats(-100, 100))}
+    else:
+        low, high = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum")
+        below = st.integers(max_value=int(low) - 1) if low is not None else st.nothing()
+        above = st.integers(min_value=int(high) + 1) if high is not None else st.nothing()
+        value = draw(st.one_of(below, above, st.sampled_from([low, high]).filter(lambda v: v is not None)))
+        if schema["type"] == "number" and draw(st.booleans()):
+            value = float(value) * draw(st.sampled_from([1.0, 1.5, 1e30]))
+    return path, {"model": "tiny", "max_tokens": 4, **BASES.get(path, {}), field: value}
+
+
+@given(case=out_of_range())
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_out_of_range_numbers_and_ids_are_fast_4xx_with_one_usage_row(
+    case: tuple[str, dict[str, Any]], daphne_server: Any, fuzz_key: str
+) -> None:
+    path, body = case
+    if path not in ("/chat/completions", "/completions"):
+        body.pop("max_tokens", None)
+    started = time.monotonic()
+    reply = httpx.post(
+        f"{daphne_server.api}{path}", json=body, headers={"Authorization": f"Bearer {fuzz_key}"}, timeout=60
+    )
+    took = time.monotonic() - started
+    assert reply.status_code < 500 and took < 2.0, (path, body, reply.status_code, took, reply.text[:300])
+    request_id = reply.headers["x-request-id"]
+    deadline = time.monotonic() + 5
+    while not UsageRecord.objects.filter(request_id=request_id).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert UsageRecord.objects.filter(request_id=request_id).count() == 1
+
+
+bench_schema = schemathesis.openapi.from_dict(bench_spec("http://127.0.0.1/bench"))
+
+
+@pytest.fixture(scope="module")
+def page_session(daphne_server: Any) -> dict[str, str]:
+    """A browser's session on the benchmark page: its cookies and CSRF token, as the page's own requests carry them."""
+    page = httpx.get(f"{daphne_server.url}/bench/", timeout=30)
+    cookies = "; ".join(f"{name}={value}" for name, value in page.cookies.items())
+    return {"Cookie": cookies, "X-CSRFToken": page.cookies["csrftoken"]}
+
+
+@bench_schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_the_benchmark_pages_endpoints_conform_to_their_document(
+    case: Any, daphne_server: Any, page_session: dict[str, str]
+) -> None:
+    case.call_and_validate(base_url=f"{daphne_server.url}/bench", headers=page_session, checks=CHECKS, timeout=60)

@@ -72,7 +72,7 @@ def test_metrics_are_open_on_loopback_only_by_default() -> None:
 @pytest.mark.django_db
 @pytest.mark.parametrize("header", ["HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"])
 def test_a_request_a_proxy_passed_on_is_not_loopback_whatever_the_proxy_says(header: str) -> None:
-    """Behind a reverse proxy on this machine every visitor arrives from loopback: the forwarding header gives it away."""
+    """Behind a reverse proxy on this machine every visitor arrives from loopback: its forwarding header says so."""
     refused = Client(REMOTE_ADDR="127.0.0.1").get("/metrics", **{header: "127.0.0.1"})
     assert refused.status_code == 403
 

@@ -203,3 +203,28 @@ def test_a_step_whose_bookkeeping_fails_ends_its_requests_in_errors_and_the_engi
     assert error["type"] == "error" and failed
     engine.submit("tiny", _generate("after"))
     assert replies.until("reply.after", _finished)[-1]["type"] == "event"
+
+
+def test_a_request_the_engine_refuses_ends_at_once_in_the_askers_terms(runner: tuple[EngineRunner, Replies]) -> None:
+    """No engine command fails silently: the client's mistake is its 400, an engine fault a 500, both at once."""
+    engine, replies = runner
+    bias = SamplingParams(max_tokens=4, logit_bias=((99_999, 1.0),))
+    engine.submit(
+        "tiny", wire.Generate(request_id="bias", model="tiny", reply_to="reply.bias", messages=HI, params=bias)
+    )
+    error = replies.until("reply.bias", _finished, timeout=5)[-1]
+    assert (error["type"], error["status"], error["param"]) == ("error", 400, "logit_bias")
+    scheduler = engine.models["tiny"].scheduler
+
+    def broken(request: Any) -> Any:
+        raise RuntimeError("an engine bug")
+
+    scheduler.add = broken  # type: ignore[method-assign]
+    try:
+        engine.submit("tiny", _generate("broken"))
+        error = replies.until("reply.broken", _finished, timeout=5)[-1]
+    finally:
+        del scheduler.add
+    assert (error["type"], error["status"], error["code"]) == ("error", 500, "server_error")
+    engine.submit("tiny", _generate("after"))
+    assert replies.until("reply.after", _finished)[-1]["type"] == "event"

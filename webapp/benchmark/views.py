@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from webapp.benchmark import saved
 from webapp.benchmark.models import CSV_FIELDS, BenchResult
+from webapp.benchmark.openapi import bench_spec
 from webapp.catalog import configured_models
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.json_input import BadJSON, loads_object
@@ -162,3 +163,8 @@ def scheduler_state(request: HttpRequest) -> JsonResponse:
             m["waiting"] += slots.waiting
             m["kv_usage"] = max(m["kv_usage"], slots.kv_usage)
     return JsonResponse({"models": models})
+
+
+@require_GET
+def openapi(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(bench_spec(request.build_absolute_uri("/bench")))

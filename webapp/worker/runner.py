@@ -295,8 +295,9 @@ class EngineRunner:
         while not isinstance(command, Stop):
             try:
                 self._run_command(command)
-            except Exception:  # a bad command must not stop the engine
+            except Exception as exc:  # a bad command must not stop the engine, nor leave its asker waiting
                 log.exception("engine command %s failed", type(command).__name__)
+                self._command_failed(command, exc)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
@@ -315,6 +316,14 @@ class EngineRunner:
                     self.models[job.model_id].scheduler.resume(request_id)
             case Ask(served, question):
                 self._emit(question.reply_to, questions.answer(served.loaded, question))
+
+    def _command_failed(self, command: Command, exc: Exception) -> None:
+        """Whoever waits on a command that failed hears why: the request ends with the error, as any failure would."""
+        match command:
+            case Add(served=served, job=job):
+                self._fail(served, job, exc)  # stops whatever of it the scheduler already took
+            case Ask(question=question):
+                self._emit(question.reply_to, wire.error_reply(question.request_id, exc))
 
     def _add(self, command: Add) -> None:
         served, job = command.served, command.job
