@@ -47,8 +47,8 @@ def kv_rounding(loaded: LoadedModel) -> type[np.floating] | None:
 def naive_logits(
     config: ModelConfig, weights: dict[str, np.ndarray], ids: list[int], kv_dtype: type[np.floating] | None = None
 ) -> np.ndarray:
-    """Logits [T, V] for every position of `ids`, each position computed from scratch over its prefix; keys (after
-    RoPE) and values rounded to `kv_dtype` as a cache of that precision stores them."""
+    """Logits [T, V] for every position of `ids`, each position attending over its own prefix; keys (after RoPE) and
+    values rounded to `kv_dtype` as a cache of that precision stores them."""
     return naive_forward(config, weights, ids, kv_dtype=kv_dtype)[0]
 
 
@@ -73,47 +73,52 @@ def naive_forward(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(logits [T, V], the last token's attention probabilities [layers, heads, T]); `layers`, when given, receives
     the last token's `NaiveLayer` for every layer."""
-    w = {k: v.astype(np.float64) for k, v in weights.items()}
     hd, group = config.head_dim, config.n_heads // config.n_kv_heads
-    out_w = w.get("output.weight", w["token_embd.weight"])
+
+    def f64(name: str) -> np.ndarray:
+        """A weight in float64, made when it is used (all of them at once would be a gigabyte of fresh pages)."""
+        return weights[name].astype(np.float64)
 
     def stored(x: np.ndarray) -> np.ndarray:
         return x if kv_dtype is None else x.astype(kv_dtype).astype(np.float64)
 
-    logits = []
+    last = len(ids) - 1
     last_attention = np.zeros((config.n_layers, config.n_heads, len(ids)))
-    for t in range(len(ids)):
-        xs = [w["token_embd.weight"][i].copy() for i in ids[: t + 1]]
-        for layer in range(config.n_layers):
-            p = f"blk.{layer}."
-            normed = [rms_norm(x, w[p + "attn_norm.weight"], config.norm_eps) for x in xs]
-            qs = [w[p + "attn_q.weight"] @ x for x in normed]
-            ks = [w[p + "attn_k.weight"] @ x for x in normed]
-            vs = [w[p + "attn_v.weight"] @ x for x in normed]
-            new_xs = []
-            for pos, x in enumerate(xs):
-                heads = []
-                for h in range(config.n_heads):
-                    kv = h // group
-                    q = _rope(qs[pos][h * hd : (h + 1) * hd], pos, config.rope_base)
-                    scores = np.array(
-                        [
-                            q @ stored(_rope(ks[s][kv * hd : (kv + 1) * hd], s, config.rope_base)) / np.sqrt(hd)
-                            for s in range(pos + 1)
-                        ]
-                    )
-                    probs = np.exp(scores - scores.max())
-                    probs /= probs.sum()
-                    if t == len(ids) - 1 and pos == t:
-                        last_attention[layer, h] = probs
-                    heads.append(sum(probs[s] * stored(vs[s][kv * hd : (kv + 1) * hd]) for s in range(pos + 1)))
-                h1 = x + w[p + "attn_output.weight"] @ np.concatenate(heads)
-                f = rms_norm(h1, w[p + "ffn_norm.weight"], config.norm_eps)
-                gate = w[p + "ffn_gate.weight"] @ f
-                silu, up = gate / (1 + np.exp(-gate)), w[p + "ffn_up.weight"] @ f
-                new_xs.append(h1 + w[p + "ffn_down.weight"] @ (silu * up))
-                if layers is not None and t == len(ids) - 1 and pos == t:
-                    layers.append(NaiveLayer(x, h1, new_xs[-1], silu, up))
-            xs = new_xs
-        logits.append(out_w @ rms_norm(xs[-1], w["output_norm.weight"], config.norm_eps))
+    embeddings = weights["token_embd.weight"]
+    xs = [embeddings[i].astype(np.float64) for i in ids]  # every position, layer by layer: each attends to its prefix
+    for layer in range(config.n_layers):
+        p = f"blk.{layer}."
+        w = {name.removeprefix(p): f64(name) for name in weights if name.startswith(p)}  # this layer's, in float64
+        normed = [rms_norm(x, w["attn_norm.weight"], config.norm_eps) for x in xs]
+        qs = [w["attn_q.weight"] @ x for x in normed]
+        ks = [w["attn_k.weight"] @ x for x in normed]
+        vs = [w["attn_v.weight"] @ x for x in normed]
+        new_xs = []
+        for pos, x in enumerate(xs):
+            heads = []
+            for h in range(config.n_heads):
+                kv = h // group
+                q = _rope(qs[pos][h * hd : (h + 1) * hd], pos, config.rope_base)
+                scores = np.array(
+                    [
+                        q @ stored(_rope(ks[s][kv * hd : (kv + 1) * hd], s, config.rope_base)) / np.sqrt(hd)
+                        for s in range(pos + 1)
+                    ]
+                )
+                probs = np.exp(scores - scores.max())
+                probs /= probs.sum()
+                if pos == last:
+                    last_attention[layer, h] = probs
+                heads.append(sum(probs[s] * stored(vs[s][kv * hd : (kv + 1) * hd]) for s in range(pos + 1)))
+            h1 = x + w["attn_output.weight"] @ np.concatenate(heads)
+            f = rms_norm(h1, w["ffn_norm.weight"], config.norm_eps)
+            gate = w["ffn_gate.weight"] @ f
+            silu, up = gate / (1 + np.exp(-gate)), w["ffn_up.weight"] @ f
+            new_xs.append(h1 + w["ffn_down.weight"] @ (silu * up))
+            if layers is not None and pos == last:
+                layers.append(NaiveLayer(x, h1, new_xs[-1], silu, up))
+        xs = new_xs
+    normed = np.stack([rms_norm(x, f64("output_norm.weight"), config.norm_eps) for x in xs])  # [T, dim]
+    out_w = f64("output.weight" if "output.weight" in weights else "token_embd.weight")  # [V, dim]
+    logits = list(normed @ out_w.T)
     return np.stack(logits), last_attention

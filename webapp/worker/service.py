@@ -14,6 +14,7 @@ request's messages reach the channel layer in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -106,8 +107,11 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     for route in routes:  # at once: requests for these models wait for this worker instead of being refused
         await sync_to_async(registry.publish_load)(route.id, wire.ModelLoad(state="loading", stage="starting"))
 
+    beat_now = asyncio.Event()
+
     def on_ready(model_id: str) -> None:
         loop.call_soon_threadsafe(ready[model_id].set)
+        loop.call_soon_threadsafe(beat_now.set)  # the web side may route to this model from now, not a second later
 
     loaders = {route.id: loader(route, show_progress) for route in routes}
     runner = EngineRunner(
@@ -116,7 +120,7 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     outbox.on_undeliverable = runner.cancel
     tasks = [
         asyncio.create_task(outbox.run()),
-        asyncio.create_task(_heartbeat(worker_id, inbox, runner)),
+        asyncio.create_task(_heartbeat(worker_id, inbox, runner, beat_now)),
         asyncio.create_task(_consume(layer, inbox, None, runner, ready)),
     ]
     tasks += [asyncio.create_task(_consume(layer, route.work_channel, route.id, runner, ready)) for route in routes]
@@ -129,8 +133,9 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
         await loop.run_in_executor(None, runner.stop)
 
 
-async def _heartbeat(worker_id: str, inbox: str, runner: EngineRunner) -> None:
-    """Tell the web side, every second, that this worker is alive and what it holds (from its first second)."""
+async def _heartbeat(worker_id: str, inbox: str, runner: EngineRunner, beat_now: asyncio.Event) -> None:
+    """Tell the web side, every second, that this worker is alive and what it holds (from its first second), and at
+    once when `beat_now` is set (a model became ready)."""
     while True:
         status = wire.WorkerStatus(
             worker=worker_id,
@@ -144,7 +149,9 @@ async def _heartbeat(worker_id: str, inbox: str, runner: EngineRunner) -> None:
             await sync_to_async(registry.beat, thread_sensitive=False)(status)
         except Exception:  # the cache is down: keep trying, the web side will call this worker dead meanwhile
             log.exception("heartbeat failed")
-        await asyncio.sleep(registry.HEARTBEAT_SECONDS)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(beat_now.wait(), registry.HEARTBEAT_SECONDS)
+        beat_now.clear()
 
 
 async def _messages(layer: BaseChannelLayer, channel: str) -> AsyncIterator[dict[str, Any]]:
