@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from webapp.api.protocol import SamplingFields, StrictModel
 
@@ -33,8 +33,12 @@ ParamName = Literal[
 ]
 
 
+MessageId = Annotated[int, Field(ge=1)]
+
+
 class ChatFrame(StrictModel):
-    """{"type": "chat", "messages", "params", "level", "step", "conversation", "continue_final_message"}: one turn."""
+    """{"type": "chat", "messages", "params", "level", "step", "continue_final_message", and where the turn is kept:
+    "conversation", "parent", "answer_to", "extend"}: one turn."""
 
     type: Literal["chat"]
     model: ModelName = "default"
@@ -42,8 +46,19 @@ class ChatFrame(StrictModel):
     params: dict[ParamName, Any] = Field(default_factory=dict)
     level: Literal["summary", "full"] = "summary"
     step: bool = False  # step mode: the server pauses after each token until a "next" frame
+    continue_final_message: bool | None = None  # a branch or a continuation: the last message is the answer so far
     conversation: Annotated[int, Field(ge=1)] | None = None  # the kept conversation to add this exchange to
-    continue_final_message: bool | None = None  # a branch: the last message is the answer so far
+    parent: MessageId | None = None  # a new question follows this message (none: the conversation's start)
+    answer_to: MessageId | None = None  # regenerate or branch: another answer to this kept question
+    extend: MessageId | None = None  # continue: this kept answer goes on
+
+    @model_validator(mode="after")
+    def _one_placement(self) -> ChatFrame:
+        if self.answer_to is not None and self.extend is not None:
+            raise ValueError("give answer_to (another answer) or extend (more of one), not both")
+        if self.extend is not None and not self.continue_final_message:
+            raise ValueError("extend continues the last message: it needs continue_final_message")
+        return self
 
 
 class InspectFrame(StrictModel):

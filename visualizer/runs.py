@@ -3,7 +3,8 @@
 Frames, in order: "request" (the JSON as the server received it), "gateway" (each check
 with its time, the rate-limit bucket before and after, the model), "accepted" (with the worker that took it),
 "waiting" while the batch is full (how many requests are ahead), one "trace" per event, "usage" (the
-usage-log row), "done"; or an "error" frame instead.
+usage-log row), "done" (with where the turn was kept: the conversation, the question's id and the stored answer); or
+an "error" frame instead. A turn that finished or was stopped is kept (a stopped one with the text it had).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from visualizer.conversations import Outcome, Owner, Placement, file_turn
 from visualizer.frames import ChatFrame
-from visualizer.models import Conversation
 from webapp.api.protocol import ChatCompletionRequest, parse
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
+from webapp.usage.models import UsageRecord
 from webapp.worker import wire
 
 
@@ -58,12 +60,14 @@ class Run:
         self.visitor = visitor
         self.payload = payload
         self.generation: client.Generation | None = None
+        self.stop_asked = False  # Stop pressed before the worker took the turn: it stops as soon as it does
 
     async def next_token(self) -> None:
         if self.generation is not None:
             await self.generation.next_token()
 
     async def cancel(self) -> None:
+        self.stop_asked = True
         if self.generation is not None:
             await self.generation.cancel()
 
@@ -82,6 +86,8 @@ class Run:
         ctx = turn.ctx
         yield {"type": "request", "request_id": turn.request_id, "body": self.payload, "t": time.time()}
         request: ChatCompletionRequest | None = None
+        frame: ChatFrame | None = None
+        answered = ""  # the text so far, kept if the turn is stopped
         try:
             turn.authenticated(
                 identify_session(self.visitor.user_id, self.visitor.session_key, self.visitor.client_ip),
@@ -101,10 +107,14 @@ class Run:
                 continue_final=request.continue_final_message,
             )
             yield accepted_frame(self.generation.accepted)
+            if self.stop_asked:
+                await self.generation.cancel()
             async for message in turn.messages():
                 if isinstance(message, wire.Waiting):
                     yield {"type": "waiting", "ahead": message.ahead}
                 else:
+                    if message.index == 0 and isinstance(message.event, wire.TextDelta):
+                        answered += message.event.text
                     yield {"type": "trace", "event": message.event}
         except asyncio.CancelledError as exc:  # the socket closed: nothing may keep running (or stay paused)
             turn.fail(exc)
@@ -113,30 +123,38 @@ class Run:
         except Exception as exc:  # refused, failed, or something unexpected: the page always hears why
             error = turn.fail(exc)
             yield error_frame(error)
-        await turn.settle()
-        finished = turn.usage.finished.get(0)
-        if finished is not None and request is not None:
-            messages, answer = request.chat_messages, finished.text
-            if request.continue_final_message:
-                # a branch: the exchange is the question and the whole answer, as it now reads
-                messages, answer = messages[:-1], messages[-1]["content"] + answer
-            await sync_to_async(self._save_exchange)(turn.request_id, messages, answer)
+        record = await turn.settle()
+        kept: dict[str, Any] = {"conversation": self.payload.get("conversation")}
+        if request is not None and frame is not None and self.generation is not None and turn.status in (200, 499):
+            kept = await sync_to_async(self._keep)(turn, request, frame, record, answered)
         yield {"type": "usage", **turn.usage_report()}
-        yield {"type": "done", "request_id": turn.request_id, "conversation": self.payload.get("conversation")}
+        yield {"type": "done", "request_id": turn.request_id, **kept}
 
-    def _save_exchange(self, request_id: str, messages: list[dict[str, str]], answer: str) -> None:
-        """Keep the turn: in the conversation the page named (if it is this visitor's), else in a new one."""
-        conversation_id = self.payload.get("conversation")  # checked to be a positive integer by `_body`
-        question = messages[-1]["content"]
-        owned = Conversation.owned_by(self.visitor.user_id, self.visitor.session_key)
-        conversation = owned.filter(pk=conversation_id).first() if conversation_id is not None else None
-        if conversation is None:
-            system = next((m["content"] for m in messages if m["role"] == "system"), "")
-            conversation = Conversation.objects.create(
-                user_id=self.visitor.user_id,
-                session_key=self.visitor.session_key,
-                title=question[:80] or "(empty)",
-                system_prompt=system,
-            )
-            self.payload["conversation"] = conversation.pk
-        conversation.add_exchange(question, answer, request_id)
+    def _keep(
+        self, turn: Turn, request: ChatCompletionRequest, frame: ChatFrame, record: UsageRecord, answered: str
+    ) -> dict[str, Any]:
+        """File the turn in this visitor's conversation: finished, or stopped with the text it had (possibly none)."""
+        finished = turn.usage.finished.get(0)
+        messages = request.chat_messages
+        answer = finished.text if finished is not None else answered
+        if request.continue_final_message:  # the exchange's answer as it now reads, with the part it went on from
+            answer = messages[-1]["content"] + answer
+            messages = messages[:-1]
+        if finished is not None:
+            reason, speed = finished.finish_reason, finished.timings.decode_tokens_per_s
+        else:
+            reason, speed = "stopped", None
+        outcome = Outcome(
+            request_id=turn.request_id,
+            answer=answer,
+            finish_reason=reason,
+            completion_tokens=record.completion_tokens,
+            ttft_ms=record.ttft_ms,
+            tokens_per_s=speed,
+        )
+        placement = Placement(frame.conversation, frame.parent, frame.answer_to, frame.extend)
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        owner = Owner(self.visitor.user_id, self.visitor.session_key)
+        kept = file_turn(owner, placement, messages[-1]["content"], system, outcome)
+        self.payload["conversation"] = kept["conversation"]
+        return kept

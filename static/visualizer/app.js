@@ -1,27 +1,50 @@
-// The chat page: composes requests, talks to the pipeline socket, keeps conversations, records and replays runs.
+// The chat page: wires the socket, the turns (chat.js), the pipeline (render.js, drawn only where it is seen), its
+// strip, the conversation list, the guided tour and record & replay.
+import { Chat } from "./chat.js";
+import { ConversationList } from "./conversations.js";
 import { el } from "./dom.js";
+import { Layout } from "./layout.js";
+import { copyCodeButtons } from "./markdown.js";
 import { Player } from "./player.js";
+import { recall, remember } from "./prefs.js";
 import { drawRun, inspectionView, tokenDetail } from "./render.js";
-import { roving } from "./roving.js";
 import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
+import { PipelineStrip } from "./strip.js";
 import { Tour } from "./tour.js";
 import { showResampled, whatIfPanel } from "./what_if.js";
 
 const $ = (id) => document.getElementById(id);
-const state = { run: null, lastRun: null, imported: null, conversation: null, history: [], bubble: null };
+const state = { run: null, lastRun: null, imported: null, released: null, asking: false, inspecting: null, resampling: false };
 
+// --- what is on screen -------------------------------------------------------------------------------------------
+
+const seen = new Set(); // stages in view: the others are drawn when they come into view
+const watcher = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (entry.isIntersecting) seen.add(entry.target.dataset.stage);
+    else seen.delete(entry.target.dataset.stage);
+  }
+  if (state.run) player.schedule(state.run);
+}, { rootMargin: "200px 0px" });
+document.querySelectorAll(".stage").forEach((stage) => watcher.observe(stage));
+
+function drawPipeline(run) {
+  if (layout.open) drawRun(run, (stage) => seen.has(stage), () => player.schedule(run));
+}
+
+const layout = new Layout({ onOpen: () => state.run && drawPipeline(state.run) });
+const strip = new PipelineStrip($("strip"), (stage) => layout.reveal(stage));
 const tour = new Tour($("tour"));
-document.addEventListener("roundtrip:ask", (event) => { // a view asks the worker something about the shown run
-  state.asking = true;
-  socket.send(event.detail);
-});
 const player = new Player((run) => {
-  drawRun(run);
-  drawBubble(run);
+  drawPipeline(run);
+  strip.update(run);
+  chat.draw(run);
   finishIfDone(run);
   tour.update(run);
 });
+
+// --- the socket --------------------------------------------------------------------------------------------------
 
 const socket = new PipelineSocket("/ws/pipeline/", {
   onFrame(frame, at) {
@@ -55,21 +78,25 @@ const socket = new PipelineSocket("/ws/pipeline/", {
     if (status === "reconnecting" && state.run && !state.run.done) {
       state.run.done = true;
       showError("The connection dropped during this answer; it was stopped. Send again when reconnected.");
-      setBusy(false);
+      endTurn(state.run);
     }
   },
 });
+document.addEventListener("roundtrip:ask", (event) => { // a view asks the worker something about the shown run
+  state.asking = true;
+  socket.send(event.detail);
+});
 
-function speed() {
-  return document.querySelector('input[name="speed"]:checked').value;
-}
+// --- turns -------------------------------------------------------------------------------------------------------
 
+// The sampling settings as the API takes them; "greedy" (one click, beside Send) overrides the temperature.
 function params() {
   const out = {};
-  for (const name of ["temperature", "top_p", "top_k", "max_tokens", "seed"]) {
+  for (const name of ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed"]) {
     const raw = $(name).value.trim();
     if (raw !== "") out[name] = Number(raw);
   }
+  if ($("greedy").checked) out.temperature = 0;
   if ($("response_format").value !== "text") out.response_format = { type: $("response_format").value };
   const bias = $("logit_bias").value.trim();
   if (bias) {
@@ -82,117 +109,11 @@ function params() {
   return out;
 }
 
-function showError(message) {
-  const box = $("chat-error");
-  box.textContent = message;
-  box.hidden = !message;
-}
-
-function setBusy(busy) {
-  $("send").disabled = busy;
-  $("cancel").disabled = !busy;
-  $("next").disabled = !(busy && speed() === "step");
-}
-
-function addBubble(role, text) {
-  const bubble = el("div", { class: `bubble ${role}` });
-  bubble.append(el("span", { class: "role" }, role === "user" ? "you" : "assistant"), el("div", { class: "text" }, text));
-  $("bubbles").append(bubble);
-  bubble.scrollIntoView({ block: "end" });
-  return bubble;
-}
-
-// The answer as clickable tokens: each opens its full trace (Enter too; arrow keys walk them).
-function drawBubble(run) {
-  if (!state.bubble || state.bubble.run !== run) return;
-  const text = state.bubble.node.querySelector(".text");
-  appendTokens(run, text);
-  text.dataset.rove = ".tok";
-  roving(text);
-}
-
-function appendTokens(run, text) {
-  for (let n = text.childElementCount + 1; n <= run.lastStep; n++) {
-    const step = run.steps.get(n);
-    if (step?.sampled?.is_stop) return; // the end-of-turn token has no text
-    if (!step?.text && !(run.finished && step?.sampled)) return;
-    const piece = step.text ? step.text.text : "";
-    text.append(el("span", { class: "tok", "data-step": String(n), title: `token ${n}` }, piece));
-  }
-  if (run.finished && run.finished.text !== run.text) text.append(el("span", {}, run.finished.text.slice(run.text.length)));
-}
-
-function finishIfDone(run) {
-  if (!run.done || run.finishedHandled) return;
-  run.finishedHandled = true;
-  setBusy(false);
-  $("export-run").disabled = false;
-  $("replay-tour").disabled = false;
-  state.lastRun = run;
-  if (run.error) showError(`${run.error.message}`);
-  if (run.finished && run === state.run) {
-    const continued = run.request.continue_final_message; // a branch: its question, and the answer as it now reads
-    const question = run.request.messages.at(continued ? -2 : -1).content;
-    state.history.push({ role: "user", content: question }, { role: "assistant", content: (continued ? run.request.messages.at(-1).content : "") + run.finished.text });
-    const done = run.frames.find(({ frame }) => frame.type === "done");
-    if (done?.frame.conversation) state.conversation = done.frame.conversation;
-    htmx.trigger(document.body, "conversation-saved");
-  }
-}
-
-// A run the guided tour let go after its first token runs on in step mode: the page asks for each next token itself.
-function keepGoing(run, frame) {
-  if (state.released === run && frame.type === "trace" && frame.event.event === "text" && !run.lastSampled?.is_stop) socket.send({ type: "next" });
-}
-
-$("composer").addEventListener("submit", (event) => {
-  event.preventDefault();
-  send();
-});
-
-// Sends the composed message as a new run (null when there is nothing to send or a run is still going).
-function send() {
-  const prompt = $("prompt").value;
-  if (!prompt.trim() || (state.run && !state.run.done)) return null;
-  const system = $("system").value.trim();
-  const messages = [...(system ? [{ role: "system", content: system }] : []), ...state.history, { role: "user", content: prompt }];
-  const run = startRun(messages, {});
-  if (!run) return null;
-  addBubble("user", prompt);
-  state.bubble = { run, node: addBubble("assistant", "") };
-  $("prompt").value = "";
-  return run;
-}
-
-// A branch from a re-drawn token: the same question, the answer up to that token, and the model going on from there.
-// It takes the place of the answer it branched from in the history that later turns send.
-function branch(run, answerSoFar) {
-  if (state.run && !state.run.done) return;
-  const continued = run.request.continue_final_message; // branching from a branch: its own prefix comes first
-  const base = continued ? run.request.messages.slice(0, -1) : run.request.messages;
-  const text = (continued ? run.request.messages.at(-1).content : "") + answerSoFar;
-  const question = base.at(-1).content;
-  if (state.history.at(-2)?.content === question) state.history.splice(-2, 2);
-  const next = startRun([...base, { role: "assistant", content: text }], { continue_final_message: true });
-  if (!next) return;
-  $("token-dialog").close();
-  addBubble("user", `${question}  ↳ branch from “${text}”`);
-  state.bubble = { run: next, node: addBubble("assistant", "") };
-  state.bubble.node.querySelector(".text").before(el("span", { class: "branch-prefix" }, text));
-}
+const speed = () => document.querySelector('input[name="speed"]:checked').value;
 
 function startRun(messages, extra) {
   showError("");
-  const request = {
-    type: "chat",
-    model: $("model").value,
-    messages,
-    params: params(),
-    level: $("level").value,
-    step: speed() === "step",
-    conversation: state.conversation,
-    ...extra,
-  };
+  const request = { type: "chat", model: $("model").value, messages, params: params(), level: $("level").value, step: speed() === "step", ...extra };
   player.speed = speed() === "slow" ? "slow" : "live";
   const run = new Run(request);
   run.sentAt = performance.now();
@@ -202,25 +123,78 @@ function startRun(messages, extra) {
   }
   state.run = run;
   setBusy(true);
-  drawRun(run);
+  player.schedule(run);
   return run;
 }
 
-// The guided tour on a live run: the walkthrough's question unless one is typed, at full detail, in step mode, so
-// the engine waits after the first token while the tour walks the stages.
-$("tour-start").addEventListener("click", (event) => {
-  if (state.run && !state.run.done) return;
-  tour.end();
-  if (!$("prompt").value.trim()) $("prompt").value = event.currentTarget.dataset.question;
-  $("level").value = "full";
-  document.querySelector('input[name="speed"][value="step"]').checked = true;
-  const run = send();
-  if (!run) return;
-  tour.start(run, () => {
-    state.released = run;
-    socket.send({ type: "next" });
-  });
+const chat = new Chat($("bubbles"), {
+  start: startRun,
+  system: () => $("system").value.trim(),
+  copy,
+  restore: (text) => {
+    if (!$("prompt").value.trim()) $("prompt").value = text;
+  },
+  changed: (conversation) => {
+    list.mark(conversation.id);
+    if (conversation.system !== null) $("system").value = conversation.system;
+    document.body.classList.toggle("chatting", conversation.id !== null);
+  },
+  failed: showError,
 });
+
+function finishIfDone(run) {
+  if (!run.done || run.finishedHandled) return;
+  run.finishedHandled = true;
+  if (run.error) showError(run.error.message);
+  endTurn(run);
+}
+
+// The turn is over (done, failed, or its socket dropped): the chat keeps what the server kept.
+function endTurn(run) {
+  setBusy(false);
+  state.lastRun = run;
+  $("export-run").disabled = false;
+  $("replay-tour").disabled = false;
+  if (run.replay) {
+    chat.settleReplay(run);
+    return;
+  }
+  chat.done(run, run.frames.findLast(({ frame }) => frame.type === "done")?.frame ?? null);
+  if (!run.error) list.refresh();
+}
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("cancel").disabled = !busy;
+  $("next").disabled = !(busy && speed() === "step");
+  $("next").hidden = speed() !== "step";
+  document.body.classList.toggle("busy", busy);
+}
+
+// A run the guided tour let go after its first token runs on in step mode: the page asks for each next token itself.
+function keepGoing(run, frame) {
+  if (state.released === run && frame.type === "trace" && frame.event.event === "text" && !run.lastSampled?.is_stop) socket.send({ type: "next" });
+}
+
+function showError(message) {
+  const box = $("chat-error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  send();
+});
+
+// Sends the composed message as a new turn (null when there is nothing to send or a turn is still going).
+function send() {
+  const prompt = $("prompt").value;
+  if (!prompt.trim()) return null;
+  const run = chat.ask(prompt);
+  if (run) $("prompt").value = "";
+  return run;
+}
 
 $("prompt").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) {
@@ -230,16 +204,62 @@ $("prompt").addEventListener("keydown", (event) => {
 });
 $("next").addEventListener("click", () => socket.send({ type: "next" }));
 $("cancel").addEventListener("click", () => socket.send({ type: "cancel" }));
-document.querySelectorAll('input[name="speed"]').forEach((r) => r.addEventListener("change", () => setBusy(state.run && !state.run.done)));
+document.querySelectorAll('input[name="speed"]').forEach((r) => r.addEventListener("change", () => setBusy(Boolean(state.run && !state.run.done))));
+setBusy(false);
+$("greedy").checked = recall("greedy") === "yes";
+$("greedy").addEventListener("change", () => remember("greedy", $("greedy").checked ? "yes" : "no"));
+
+// The guided tour on a live run: the walkthrough's question unless one is typed, greedy at full detail, in step mode,
+// so the engine waits after the first token while the tour walks the stages.
+$("tour-start").addEventListener("click", (event) => {
+  if (state.run && !state.run.done) return;
+  tour.end();
+  if (!$("prompt").value.trim()) $("prompt").value = event.currentTarget.dataset.question;
+  $("level").value = "full";
+  $("greedy").checked = true;
+  document.querySelector('input[name="speed"][value="step"]').checked = true;
+  layout.setOpen(true);
+  const run = send();
+  if (!run) return;
+  tour.start(run, () => {
+    state.released = run;
+    socket.send({ type: "next" });
+  });
+});
+
+// --- copying -----------------------------------------------------------------------------------------------------
+
+// To the clipboard (where the browser allows it, else through a selection), and the button says so.
+async function copy(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {
+    const box = el("textarea", { value: text, style: "position:fixed;opacity:0" });
+    document.body.append(box);
+    box.select();
+    document.execCommand("copy");
+    box.remove();
+  }
+  if (!button) return;
+  const label = button.textContent;
+  button.textContent = "Copied";
+  setTimeout(() => (button.textContent = label), 1200);
+}
+copyCodeButtons($("bubbles"), copy);
+
+// --- a token's trace ---------------------------------------------------------------------------------------------
 
 $("bubbles").addEventListener("click", (event) => {
   const token = event.target.closest(".tok");
-  const run = state.bubble?.run ?? state.lastRun;
-  if (!token || !run) return;
+  const run = token && chat.view.answerOf(token)?.run;
+  if (!run) return;
   const step = Number(token.dataset.step);
   const more = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
   more.addEventListener("click", () => inspectToken(run, step, more));
-  const whatIf = run.tokenized ? whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }, (text) => branch(run, text)) : "";
+  const whatIf = run.tokenized ? whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }, (text) => {
+    $("token-dialog").close();
+    chat.branch(run, text);
+  }) : "";
   $("token-detail").replaceChildren(tokenDetail(run, step), whatIf, more, el("div", { id: "inspection" }));
   $("token-dialog").showModal();
 });
@@ -270,24 +290,36 @@ function showInspection(frame) {
   box.replaceChildren(inspectionView(frame.detail, run));
 }
 
-$("new-conversation").addEventListener("click", () => {
-  state.conversation = null;
-  state.history = [];
-  $("bubbles").replaceChildren();
-  showError("");
+// --- conversations -----------------------------------------------------------------------------------------------
+
+const list = new ConversationList($("conversations"), {
+  open: (id) => {
+    if (state.run && !state.run.done) return;
+    chat.load(id);
+    layout.setDrawer(false);
+  },
+  removed: (id) => {
+    if (id === chat.conversation.id) chat.clear();
+  },
+  failed: showError,
+});
+document.body.addEventListener("htmx:afterSwap", (event) => {
+  if (event.detail.target?.id === "conversations") list.mark(chat.conversation.id);
 });
 
-// A conversation picked in the list (an htmx partial) brings its history back in.
-document.body.addEventListener("htmx:afterSwap", (event) => {
-  if (event.detail.target?.id !== "history-loader") return;
-  const history = JSON.parse(document.getElementById("loaded-history").textContent);
-  const meta = document.getElementById("loaded-conversation");
-  state.conversation = Number(meta.dataset.id);
-  state.history = history;
-  $("system").value = meta.dataset.system;
-  $("bubbles").replaceChildren();
-  for (const m of history) addBubble(m.role, m.content);
+$("new-conversation").addEventListener("click", () => {
+  if (state.run && !state.run.done) return;
+  chat.clear();
+  showError("");
+  layout.setDrawer(false);
+  $("prompt").focus();
 });
+
+// A reload reopens the conversation this browser was in.
+const reopen = Number(recall("conversation"));
+if (reopen) chat.load(reopen);
+
+// --- record & replay ---------------------------------------------------------------------------------------------
 
 $("export-run").addEventListener("click", () => {
   const run = state.lastRun;
@@ -318,6 +350,7 @@ $("replay-run").addEventListener("click", () => replay(false));
 // The same tour over a recording, without the model: the replay holds after the first token as the engine would.
 $("replay-tour").addEventListener("click", () => {
   tour.end();
+  layout.setOpen(true);
   const run = replay(true);
   if (run) tour.start(run, run.release);
 });
@@ -330,12 +363,14 @@ function replay(hold) {
   const run = new Run(recorded.request);
   run.replay = true;
   state.run = run;
-  addBubble("user", `(replay) ${recorded.request.messages.at(-1).content}`);
-  state.bubble = { run, node: addBubble("assistant", "") };
+  chat.replayed(run);
+  setBusy(true);
   player.speed = speed() === "slow" ? "slow" : "live";
   run.release = player.replay(run, recorded, hold);
   return run;
 }
+
+// --- the model loading -------------------------------------------------------------------------------------------
 
 // While the worker loads the model, say so, with its progress (from /health); requests sent meanwhile wait for it.
 async function watchModelLoading() {

@@ -9,6 +9,8 @@ import { attentionCell, drawHeads, groupSize, headLabel, positionLabel, queryPos
 import { HeadView } from "./head_view.js";
 import { Heatmap } from "./heatmap.js";
 
+const MATRIX_MS = 1000;
+
 export class AttentionView {
   // onPaint(forward, layer): told whenever the shown query token or layer changes, for views of the same token.
   constructor(onPaint = () => {}) {
@@ -16,6 +18,7 @@ export class AttentionView {
     this.run = null;
     this.rows = []; // the forwards that carry attention, in order: one query token each
     this.query = null; // the picked query's position; null follows the newest token
+    this.matrixAt = -Infinity;
     this.heads = new Heatmap(field("forward", "heads"), "attention of every head of the layer for the query token");
     this.headView = new HeadView(field("forward", "head-view"), (position) => this.pickQuery(position));
     this.matrix = new Heatmap(field("forward", "matrix"), "attention of the chosen head, query token by key token",
@@ -43,15 +46,13 @@ export class AttentionView {
       headPick.replaceChildren(...Array.from({ length: heads }, (_, h) => el("option", { value: String(h) }, headLabel(h, group).title)));
     }
     const queryPick = field("forward", "query-pick");
-    queryPick.replaceChildren(
-      el("option", { value: "" }, "the newest token (follows the answer)"),
-      ...this.rows.map((f) => {
-        const p = queryPosition(f);
-        return el("option", { value: String(p) }, `${positionLabel(run, p).label} · position ${p}`);
-      }),
-    );
+    if (!queryPick.options.length) queryPick.append(el("option", { value: "" }, "the newest token (follows the answer)"));
+    queryPick.append(...this.rows.slice(queryPick.options.length - 1).map((f) => {
+      const p = queryPosition(f);
+      return el("option", { value: String(p) }, `${positionLabel(run, p).label} · position ${p}`);
+    }));
     queryPick.value = this.query === null ? "" : String(this.query);
-    this.paint();
+    this.paint(!run.done);
   }
 
   askPromptRows() {
@@ -94,7 +95,8 @@ export class AttentionView {
     return this.rows.find((f) => queryPosition(f) === this.query) ?? this.rows[this.rows.length - 1];
   }
 
-  paint() {
+  // `streaming`: the token × token matrix, which grows with every token, is redrawn at most every MATRIX_MS.
+  paint(streaming = false) {
     const run = this.run;
     const forward = this.selected();
     const attention = forward.detail.attention;
@@ -113,7 +115,11 @@ export class AttentionView {
       heads: shown.map((h) => ({ head: h, weights: attention.positions.map((_, i) => attentionCell(attention, layer, h, i).weight) })),
       pickable: new Set(this.rows.map(queryPosition)),
     });
-    this.drawMatrix(layer, head);
+    const now = performance.now();
+    if (!streaming || now - this.matrixAt >= MATRIX_MS) {
+      this.matrixAt = now;
+      this.drawMatrix(layer, head);
+    }
     this.drawOverview(attention);
     this.onPaint(forward, layer);
   }

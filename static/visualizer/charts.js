@@ -2,7 +2,8 @@
 import uPlot from "../vendor/uplot-1.6.32/uPlot.esm.js";
 import { NumbersTable } from "./numbers_table.js";
 
-// A line plot that fills its box; it resizes only when the box changed (a resize every token would re-layout the page).
+// A line plot that fills its box; it resizes only when the box changed, as a ResizeObserver reports (reading the
+// width on every update would force a layout each time).
 // Its numbers are also a table behind a toggle under the plot, for screen readers and for copying.
 class LinePlot {
   // yAxes: a label for the one y axis, or a list of {scale, label, side} for series on scales of their own;
@@ -16,6 +17,10 @@ class LinePlot {
       [[], ...series.map(() => [])],
       node,
     );
+    this.boxWidth = this.width();
+    new ResizeObserver(([entry]) => {
+      this.boxWidth = Math.max(240, entry.contentRect.width || 320);
+    }).observe(node);
     this.headers = [xLabel, ...series.map((s) => s.label)];
     this.table = new NumbersTable(`${this.headers.slice(1).join(", ")} by ${xLabel}`);
     node.after(this.table.element);
@@ -26,7 +31,7 @@ class LinePlot {
   }
 
   set(data) {
-    const w = this.width();
+    const w = this.boxWidth;
     if (this.plot.width !== w) this.plot.setSize({ width: w, height: this.height });
     this.plot.setData(data);
     this.table.update(this.headers, data[0].map((x, i) => [x, ...data.slice(1).map((ys) => ys[i])]));

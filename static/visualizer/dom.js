@@ -17,15 +17,14 @@ export function field(stage, name) {
 }
 
 export function clock(stage, text) {
-  document.querySelector(`#stage-${stage} .clock`).textContent = text;
+  const node = document.querySelector(`#stage-${stage} .clock`);
+  if (node && node.textContent !== text) node.textContent = text;
 }
 
+// A stage the run has reached lights up, with one pulse the first time (its clock shows it is still busy).
 export function light(stage) {
   const node = document.getElementById(`stage-${stage}`);
-  node.classList.add("active");
-  node.classList.remove("pulse");
-  void node.offsetWidth; // restart the animation
-  node.classList.add("pulse");
+  if (!node.classList.contains("active")) node.classList.add("active", "pulse");
 }
 
 export function ms(value) {

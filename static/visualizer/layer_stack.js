@@ -5,6 +5,7 @@ import { el } from "./dom.js";
 
 export function drawLayerStack(node, count, forward) {
   if (node.childElementCount !== count) {
+    delete node.dataset.shaded;
     node.replaceChildren(...Array.from({ length: count }, (_, i) => {
       const layer = el("span", { class: "layer", style: `--i:${i}` });
       layer.append(el("i", { class: "half attn" }), el("i", { class: "half ffn" }));
@@ -12,6 +13,14 @@ export function drawLayerStack(node, count, forward) {
     }));
   }
   const d = forward.detail?.attention_update_norms ? forward.detail : null; // recordings made before the halves were traced have none
+  if (d || node.dataset.shaded !== "no") shade(node, d);
+  node.classList.toggle("prefill", forward.phase === "prefill");
+  sweep(node);
+}
+
+// At full detail each half's shade is its update's size; without it every half looks the same (drawn once).
+function shade(node, d) {
+  node.dataset.shaded = d ? "yes" : "no";
   const largest = d ? Math.max(...d.attention_update_norms, ...d.feed_forward_update_norms, 1e-9) : 1;
   [...node.children].forEach((layer, i) => {
     const [attn, ffn] = layer.children;
@@ -21,8 +30,18 @@ export function drawLayerStack(node, count, forward) {
     attn.style.opacity = d ? String(0.15 + 0.85 * (d.attention_update_norms[i] / largest)) : "";
     ffn.style.opacity = d ? String(0.15 + 0.85 * (d.feed_forward_update_norms[i] / largest)) : "";
   });
-  node.classList.toggle("prefill", forward.phase === "prefill");
-  node.classList.remove("sweep");
-  void node.offsetWidth; // restart the sweep
-  node.classList.add("sweep");
+}
+
+const SWEEP_MS = 800; // a sweep takes about this long; tokens faster than that do not restart it
+
+// The token going up the stack, layer by layer: restarted through the animations themselves (no forced layout).
+function sweep(node) {
+  const now = performance.now();
+  if (now - Number(node.dataset.swept ?? -Infinity) < SWEEP_MS) return;
+  node.dataset.swept = String(now);
+  if (!node.classList.contains("sweep")) node.classList.add("sweep");
+  else for (const animation of node.getAnimations({ subtree: true })) {
+    animation.cancel();
+    animation.play();
+  }
 }

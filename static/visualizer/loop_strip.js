@@ -17,14 +17,18 @@ export class LoopStrip {
     const prompt = run.tokenized?.ids.length;
     if (!prompt) return;
     const room = prompt + (run.context?.max_tokens ?? 0);
+    const rows = [];
     for (let n = this.rows + 1; n <= run.lastStep; n++) {
       const step = run.steps.get(n);
       if (!step?.sampled) break;
-      this.list.append(this.row(n, step, prompt, room));
+      rows.push(this.row(n, step, prompt, room));
       this.answer += visible(step.sampled.token);
       this.rows = n;
     }
-    roving(this.list);
+    if (rows.length) {
+      this.list.append(...rows);
+      roving(this.list);
+    }
     if (run.finished?.finish_reason === "length") this.end.textContent = `stopped after ${run.finished.completion_tokens} tokens: max_tokens reached before an end-of-sequence token`;
   }
 

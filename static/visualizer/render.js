@@ -1,4 +1,5 @@
 // Draws every stage from a Run. Called on animation frames with the latest state.
+import { clocks } from "./clocks.js";
 import { clock, el, field, hex, light, ms, visible } from "./dom.js";
 import { drawHeads, queryPosition } from "./attention.js";
 import { AttentionView } from "./attention_view.js";
@@ -13,12 +14,30 @@ import { drawRope } from "./rope_view.js";
 import { roving } from "./roving.js";
 import { SEGMENT_LABELS, tokenAt, tokenChip } from "./tokens.js";
 
+const STREAM_ROWS = 40; // the newest frames listed in the streaming stage
 let itlChart = null;
 let normChart = null;
 let stepChart = null;
+const CHART_MS = 250; // charts and the full-detail pictures follow a streaming answer at most this often
 // What this run has drawn so far; the widgets live in stage fields that resetStages empties, so they go with it.
-const fresh = () => ({ run: null, forwards: 0, step: 0, frames: 0, cacheFinal: false, attention: null, feedForward: null, loop: null });
+const fresh = () => ({
+  run: null,
+  seen: {}, // stage -> the run's version it was drawn at
+  forwards: 0,
+  pictured: 0,
+  picturedDone: false,
+  sampled: 0,
+  detok: 0,
+  frames: 0,
+  cacheFinal: false,
+  charted: {}, // stage -> when its charts were last drawn
+  pending: null,
+  attention: null,
+  feedForward: null,
+  loop: null,
+});
 const drawn = fresh();
+let later = () => {}; // asks for another drawing (a chart that was due later)
 
 export function resetStages() {
   document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active", "pulse"));
@@ -31,50 +50,80 @@ export function resetStages() {
   Object.assign(drawn, fresh());
 }
 
-export function drawRun(run) {
+// The stages, each drawn from the run alone, so any of them can catch up at any time.
+const STAGE_DRAWS = {
+  request: drawRequest,
+  gateway: drawGateway,
+  tokens: (run) => run.tokenized && run.context && drawTokens(run),
+  context: (run) => {
+    if (!run.tokenized || !run.context) return;
+    drawContext(run);
+    if (run.finished && !drawn.cacheFinal) {
+      drawCache(run); // with the prefill time the cache saved
+      drawn.cacheFinal = true;
+    }
+  },
+  forward: (run) => {
+    if (!run.lastForward) return;
+    if (run.forwards.length !== drawn.forwards) drawForward(run);
+    drawForwardPictures(run);
+  },
+  sampling: drawSampling,
+  loop: drawLoop,
+  stream: drawStream,
+  detok: drawDetok,
+  latency: drawLatency,
+};
+
+// Brings the stages up to date with `run`. While it streams only the stages `shown(name)` says are on screen are
+// drawn; the rest catch up when they come into view, and all of them once the run is done. `again()` is called
+// for a drawing that was put off (a chart due later).
+export function drawRun(run, shown = () => true, again = () => {}) {
+  later = again;
   if (drawn.run !== run) {
     resetStages();
     drawn.run = run;
-    drawRequest(run);
   }
-  if (run.gateway) drawGateway(run);
-  drawQueue(run);
-  if (run.tokenized && run.context) {
-    drawTokens(run);
-    drawContext(run);
+  const now = clocks(run);
+  for (const [stage, text] of Object.entries(now)) clock(stage, text);
+  for (const [stage, draw] of Object.entries(STAGE_DRAWS)) {
+    if (drawn.seen[stage] === run.version || !(run.done || shown(stage))) continue;
+    drawn.seen[stage] = run.version;
+    draw(run);
   }
-  if (run.forwards.length !== drawn.forwards) drawForward(run);
-  if (run.finished && run.context && !drawn.cacheFinal) {
-    drawCache(run);
-    drawLoop(run); // says why the loop ended when max_tokens cut it
-    drawn.cacheFinal = true;
+}
+
+// Whether a stage's charts should be drawn now: always once the run is done, else at most every CHART_MS. A drawing
+// put off leaves the stage to be drawn again when it is due.
+function due(run, stage) {
+  const now = performance.now();
+  if (run.done || now - (drawn.charted[stage] ?? -Infinity) >= CHART_MS) {
+    drawn.charted[stage] = now;
+    return true;
   }
-  if (run.lastStep !== drawn.step) {
-    drawSampling(run);
-    drawDetok(run);
-    drawLoop(run);
-  }
-  if (run.frames.length !== drawn.frames) drawStream(run);
-  drawLatency(run);
-  drawn.forwards = run.forwards.length;
-  drawn.step = run.lastStep;
-  drawn.frames = run.frames.length;
+  delete drawn.seen[stage];
+  drawn.pending ??= setTimeout(() => {
+    drawn.pending = null;
+    later();
+  }, CHART_MS);
+  return false;
 }
 
 function drawRequest(run) {
+  const json = field("request", "json");
+  if (json.textContent) return;
   light("request");
-  field("request", "json").textContent = JSON.stringify(run.request, null, 2);
-  clock("request", new Date().toLocaleTimeString());
+  json.textContent = JSON.stringify(run.request, null, 2);
 }
 
 function drawGateway(run) {
+  drawQueue(run);
   const g = run.gateway;
+  if (!g) return;
   const checks = field("gateway", "checks");
   if (!checks.childElementCount) {
     light("gateway");
     for (const stage of g.stages) checks.append(el("li", {}, `${stage.name} — ${ms(stage.ms)}${stage.detail.who ? ` (${stage.detail.who})` : ""}`));
-    const total = g.stages.reduce((sum, s) => sum + s.ms, 0);
-    clock("gateway", ms(total));
     const limit = g.limits.requests_per_minute;
     const meter = field("gateway", "rate");
     const after = g.rate.requests_after ?? 0;
@@ -120,7 +169,6 @@ function drawTokens(run) {
     document.createTextNode(`${count} tokens in your message · ${ids.length} in the whole prompt `),
     copyIdsButton(ids.slice(message.token_start, message.token_end)),
   );
-  clock("tokens", ms(run.tokenized.duration * 1000));
 }
 
 function drawContext(run) {
@@ -164,8 +212,8 @@ function drawCache(run) {
 
 function drawForward(run) {
   const f = run.lastForward;
+  drawn.forwards = run.forwards.length;
   light("forward");
-  clock("forward", ms(f.duration * 1000));
   field("forward", "step").textContent =
     f.phase === "prefill"
       ? `prefill: ${f.n_tokens} tokens through every layer in one pass`
@@ -177,7 +225,21 @@ function drawForward(run) {
   field("forward", "kv-text").textContent = `${f.kv_length} positions cached`;
   if (run.accepted?.weights) field("forward", "weights").textContent = `weights: ${run.accepted.weights}`;
   drawBatch(run, f);
-  if (f.detail) drawFull(run, f.detail);
+}
+
+// The step timeline and, at full detail, the attention, feed-forward and norm pictures: redrawn when due.
+function drawForwardPictures(run) {
+  const count = run.forwards.length;
+  if (drawn.pictured === count && !(run.done && !drawn.picturedDone)) return;
+  if (!due(run, "forward")) return;
+  drawn.pictured = count;
+  drawn.picturedDone = run.done;
+  if (run.batches.size) {
+    stepChart ??= new StepChart(field("forward", "steps"));
+    stepChart.update([...run.batches.values()]);
+  }
+  const detail = run.lastForward.detail;
+  if (detail) drawFull(run, detail);
 }
 
 // The engine runs every active request in one batched forward per step: with whom this one ran, and the timeline.
@@ -188,8 +250,6 @@ function drawBatch(run, f) {
   field("forward", "batch").textContent =
     `decoded together with ${others} other request${others === 1 ? "" : "s"} in engine step ${b.step}: ` +
     `${b.batch_size} sequence${b.batch_size === 1 ? "" : "s"}, ${b.prefill_tokens} prompt + ${b.decode_tokens} decode tokens in one forward of ${ms(b.duration * 1000)}`;
-  stepChart ??= new StepChart(field("forward", "steps"));
-  stepChart.update([...run.batches.values()]);
 }
 
 function drawFull(run, detail) {
@@ -206,9 +266,9 @@ function drawFull(run, detail) {
 
 function drawSampling(run) {
   const s = run.lastSampled;
-  if (!s) return;
+  if (!s || drawn.sampled === run.lastStep) return;
+  drawn.sampled = run.lastStep;
   light("sampling");
-  clock("sampling", ms(s.duration * 1000));
   const bars = field("sampling", "bars");
   const d = s.detail;
   if (!d) return;
@@ -235,33 +295,34 @@ function drawLoop(run) {
   if (!run.lastSampled) return;
   light("loop");
   drawn.loop ??= new LoopStrip(field("loop", "strip"));
-  drawn.loop.update(run);
+  drawn.loop.update(run); // says why the loop ended when max_tokens cut it
 }
 
 function drawStream(run) {
   const frames = field("stream", "frames");
-  const fresh = run.frames.slice(drawn.frames).filter(({ frame }) => frame.type === "trace" && frame.event.event === "text");
-  for (const { at, frame } of fresh) {
-    frames.prepend(el("li", {}, `+${at.toFixed(0)} ms  token ${frame.event.step}: ${JSON.stringify(frame.event.text)}`));
-  }
-  while (frames.childElementCount > 40) frames.lastElementChild.remove();
+  const fresh = run.frames.slice(Math.max(drawn.frames, run.frames.length - 200)).filter(({ frame }) => frame.type === "trace" && frame.event.event === "text");
+  drawn.frames = run.frames.length;
+  const items = fresh.slice(-STREAM_ROWS).map(({ at, frame }) => el("li", {}, `+${at.toFixed(0)} ms  token ${frame.event.step}: ${JSON.stringify(frame.event.text)}`));
+  frames.prepend(...items.reverse());
+  while (frames.childElementCount > STREAM_ROWS) frames.lastElementChild.remove();
   if (fresh.length) light("stream");
-  itlChart ??= new ItlChart(field("stream", "itl-chart"));
-  const serverTimes = run.finished?.timings.token_times ?? [];
-  const serverItls = serverTimes.slice(1).map((t, i) => (t - serverTimes[i]) * 1000);
-  itlChart.update(run.clientItls, serverItls);
   const itls = run.clientItls;
   if (itls.length) {
     const mean = itls.reduce((a, b) => a + b, 0) / itls.length;
     field("stream", "rate").textContent = `${run.tokenArrivals.length} tokens · ${(1000 / mean).toFixed(1)} tokens/s in the browser`;
-    clock("stream", ms(itls[itls.length - 1]));
   }
+  if (!due(run, "stream")) return;
+  itlChart ??= new ItlChart(field("stream", "itl-chart"));
+  const serverTimes = run.finished?.timings.token_times ?? [];
+  const serverItls = serverTimes.slice(1).map((t, i) => (t - serverTimes[i]) * 1000);
+  itlChart.update(itls, serverItls);
 }
 
 function drawDetok(run) {
   const t = run.lastText;
   const s = run.lastSampled;
-  if (!t || !s) return;
+  if (!t || !s || drawn.detok === run.lastStep) return;
+  drawn.detok = run.lastStep;
   light("detok");
   field("detok", "bytes").textContent = `${hex(s.bytes)}  (token ${JSON.stringify(s.token)})`;
   field("detok", "pending").textContent = t.pending_bytes.length ? hex(t.pending_bytes) : "none";
@@ -277,7 +338,7 @@ function drawLatency(run) {
   field("latency", "itl-client").textContent = ms(mean);
   field("latency", "tps-client").textContent = mean ? (1000 / mean).toFixed(1) : "—";
   if (run.usage) field("latency", "ttft-server").textContent = ms(run.usage.record.ttft_ms);
-  if (!f) return;
+  if (!f || field("latency", "waterfall").childElementCount) return;
   light("latency");
   const t = f.timings;
   field("latency", "itl-server").textContent = t.mean_itl === null ? "—" : ms(t.mean_itl * 1000);
@@ -299,7 +360,6 @@ function drawLatency(run) {
   for (const [name, value] of parts) sums[name] = (sums[name] ?? 0) + value;
   legend.textContent = Object.entries(sums).map(([n, v]) => `${n} ${ms(v)}`).join(" · ");
   waterfall.append(legend);
-  clock("latency", ms(client));
 }
 
 // The full record of one generated token, for the dialog opened by clicking it.

@@ -20,6 +20,7 @@ export class Run {
     this.sentAt = null;
     this.tokenArrivals = []; // browser clock (ms) when each token's text frame arrived
     this.lastStep = 0;
+    this.version = 0; // counts the frames applied: a view drawn at this version is up to date
   }
 
   step(n) {
@@ -28,6 +29,7 @@ export class Run {
   }
 
   apply(frame, at) {
+    this.version += 1;
     this.frames.push({ at: at - (this.sentAt ?? at), frame });
     switch (frame.type) {
       case "gateway": this.gateway = frame; break;

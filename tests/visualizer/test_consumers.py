@@ -51,7 +51,7 @@ def test_a_turn_sends_every_stage_in_order(with_worker: Any) -> None:
 
     with_worker(body)
     assert UsageRecord.objects.get(endpoint="ws.chat").status == 200
-    assert Conversation.objects.get().history()[0] == {"role": "user", "content": "the heat is on"}
+    assert Conversation.objects.get().thread()[0].content == "the heat is on"
 
 
 def test_full_level_sends_bounded_attention(with_worker: Any) -> None:
@@ -86,16 +86,76 @@ def test_step_mode_sends_one_token_per_next(with_worker: Any) -> None:
         frames = await _until(ws, "trace")
         while not (frames[-1]["type"] == "trace" and frames[-1]["event"]["event"] == "text"):
             frames.append(await ws.receive_json_from(timeout=10))
+        first_text = frames[-1]["event"]["text"]
         assert await ws.receive_nothing(timeout=0.3)
         await ws.send_json_to({"type": "next"})
         frame = await ws.receive_json_from(timeout=10)
         while not (frame["type"] == "trace" and frame["event"]["event"] == "text"):
             frame = await ws.receive_json_from(timeout=10)
         assert frame["event"]["step"] == 2
+        so_far = first_text + frame["event"]["text"]
         assert await ws.receive_nothing(timeout=0.3)
         await ws.send_json_to({"type": "cancel"})
         frames = await _until(ws, "done")
         assert frames[-2]["type"] == "usage" and frames[-2]["record"]["finish_reason"] == "cancelled", frames[-4:]
+        # stopped: kept with the text it had, and said so
+        texts = "".join(f["event"]["text"] for f in frames if f["type"] == "trace" and f["event"]["event"] == "text")
+        answer = frames[-1]["answer"]
+        assert answer["finish_reason"] == "stopped" and answer["completion_tokens"] == 2 and answer["content"]
+        assert answer["content"] == so_far + texts
+
+    with_worker(body)
+
+
+def test_a_kept_turn_goes_where_the_frame_says(with_worker: Any) -> None:
+    """A new exchange, then another answer to the same question, then more of that answer: the done frames say what
+    was kept, and the conversation's thread agrees."""
+
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to(CHAT)
+        first = (await _until(ws, "done"))[-1]
+        question, answer, cid = first["question"], first["answer"], first["conversation"]
+        assert question["content"] == "the heat is on" and answer["parent"] == question["id"]
+        assert first["current"] == answer["id"] and answer["finish_reason"] == "length"
+        await ws.send_json_to(
+            {
+                **CHAT,
+                "params": {"temperature": 1, "seed": 3, "max_tokens": 4},
+                "conversation": cid,
+                "answer_to": question["id"],
+            }
+        )
+        again = (await _until(ws, "done"))[-1]
+        assert again["question"]["id"] == question["id"] and again["answer"]["id"] != answer["id"]
+        history = [*CHAT["messages"], {"role": "assistant", "content": again["answer"]["content"]}]
+        await ws.send_json_to(
+            {
+                **CHAT,
+                "messages": history,
+                "continue_final_message": True,
+                "conversation": cid,
+                "extend": again["answer"]["id"],
+            }
+        )
+        more = (await _until(ws, "done"))[-1]
+        assert more["answer"]["id"] == again["answer"]["id"] and more["answer"]["completion_tokens"] == 8
+        assert more["answer"]["content"].startswith(again["answer"]["content"])
+        assert len(more["answer"]["content"]) > len(again["answer"]["content"])
+
+    with_worker(body)
+    conversation = Conversation.objects.get()
+    shown = [m.role for m in conversation.thread()]
+    assert shown == ["user", "assistant"] and conversation.messages.count() == 3
+
+
+def test_stop_before_the_worker_takes_the_turn_still_stops_it(with_worker: Any) -> None:
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({**CHAT, "step": True})  # paused after its first token, so only Stop can end it
+        await ws.send_json_to({"type": "cancel"})
+        frames = await _until(ws, "done")
+        assert not any(f["type"] == "error" for f in frames), frames
+        answer = frames[-1]["answer"]
+        assert answer["finish_reason"] == "stopped" and answer["completion_tokens"] <= 1
 
     with_worker(body)
 
