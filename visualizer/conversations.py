@@ -86,8 +86,7 @@ def search(owner: Owner, text: str) -> QuerySet[Conversation]:
 def file_turn(owner: Owner, placement: Placement, question: str, system: str, outcome: Outcome) -> dict[str, Any]:
     """Keep a finished (or stopped) turn where `placement` says; what the page needs to show it: the conversation,
     the question and the answer as stored, and the message the thread now ends at. A placement that no longer resolves
-    (deleted in another tab) files a new
-    exchange after the shown thread, or in a new conversation."""
+    (deleted in another tab) files a new exchange after the shown thread, or in a new conversation."""
     conversation = owner.conversations().filter(pk=placement.conversation).first() if placement.conversation else None
     if conversation is None:
         conversation = Conversation.objects.create(

@@ -118,7 +118,10 @@ class Run:
                     yield {"type": "trace", "event": message.event}
         except asyncio.CancelledError as exc:  # the socket closed: nothing may keep running (or stay paused)
             turn.fail(exc)
-            await turn.settle()
+            record = await turn.settle()
+            if request is not None and frame is not None and self.generation is not None:
+                # what was written is kept, as if stopped: the page finds it when it reconnects
+                await asyncio.shield(sync_to_async(self._keep)(turn, request, frame, record, answered))
             raise
         except Exception as exc:  # refused, failed, or something unexpected: the page always hears why
             error = turn.fail(exc)

@@ -74,10 +74,14 @@ const socket = new PipelineSocket("/ws/pipeline/", {
     const line = $("socket-status");
     line.className = `status ${status}`;
     line.textContent = { connected: "connected", reconnected: "reconnected", reconnecting: "connection lost — reconnecting…" }[status];
-    if (status === "reconnected") watchModelLoading(); // a restarted server loads its model again
+    if (status === "reconnected") {
+      watchModelLoading(); // a restarted server loads its model again
+      if (chat.conversation.id !== null && (!state.run || state.run.done)) chat.load(chat.conversation.id); // as kept
+    }
     if (status === "reconnecting" && state.run && !state.run.done) {
       state.run.done = true;
-      showError("The connection dropped during this answer; it was stopped. Send again when reconnected.");
+      state.run.dropped = true;
+      showError("The connection dropped during this answer; it was stopped (the server keeps what it wrote).");
       endTurn(state.run);
     }
   },
@@ -89,14 +93,17 @@ document.addEventListener("roundtrip:ask", (event) => { // a view asks the worke
 
 // --- turns -------------------------------------------------------------------------------------------------------
 
-// The sampling settings as the API takes them; "greedy" (one click, beside Send) overrides the temperature.
+// The sampling settings as the API takes them. "Greedy" (one click, beside Send) is the likeliest token every time:
+// temperature 0 and no filter or penalty, whatever the fields say.
 function params() {
   const out = {};
-  for (const name of ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed"]) {
+  const greedy = $("greedy").checked;
+  const sampling = greedy ? [] : ["temperature", "top_p", "top_k", "min_p", "repetition_penalty"];
+  for (const name of [...sampling, "max_tokens", "seed"]) {
     const raw = $(name).value.trim();
     if (raw !== "") out[name] = Number(raw);
   }
-  if ($("greedy").checked) out.temperature = 0;
+  if (greedy) out.temperature = 0;
   if ($("response_format").value !== "text") out.response_format = { type: $("response_format").value };
   const bias = $("logit_bias").value.trim();
   if (bias) {
@@ -159,7 +166,8 @@ function endTurn(run) {
     chat.settleReplay(run);
     return;
   }
-  chat.done(run, run.frames.findLast(({ frame }) => frame.type === "done")?.frame ?? null);
+  if (run.dropped) chat.dropped(run);
+  else chat.done(run, run.frames.findLast(({ frame }) => frame.type === "done")?.frame ?? null);
   if (!run.error) list.refresh();
 }
 
@@ -346,10 +354,14 @@ $("import-run").addEventListener("change", async (event) => {
   }
 });
 
-$("replay-run").addEventListener("click", () => replay(false));
+$("replay-run").addEventListener("click", () => {
+  layout.setDrawer(false);
+  replay(false);
+});
 // The same tour over a recording, without the model: the replay holds after the first token as the engine would.
 $("replay-tour").addEventListener("click", () => {
   tour.end();
+  layout.setDrawer(false);
   layout.setOpen(true);
   const run = replay(true);
   if (run) tour.start(run, run.release);

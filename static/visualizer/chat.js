@@ -127,6 +127,14 @@ export class Chat {
     this.changed(this.conversation);
   }
 
+  // The socket dropped mid-turn: what was written stays on screen (the server keeps it too, as stopped; reopening the
+  // conversation shows it as kept).
+  dropped(run) {
+    if (this.live?.run !== run) return;
+    this.live.answer.settle(null, this.conversation, false);
+    this.live.answer.node.classList.add("dropped");
+  }
+
   // A replayed recording: shown like a turn, kept nowhere.
   replayed(run) {
     const asked = run.request.messages.findLast((m) => m.role === "user")?.content ?? "";
