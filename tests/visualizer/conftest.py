@@ -19,6 +19,7 @@ from django.test import override_settings
 from inprocess import worker_ready
 from load_settings import CPU
 from loops import run_async
+from page_actions import open_page
 
 from visualizer.routing import websocket_urlpatterns
 from webapp.catalog import ModelRoute
@@ -65,30 +66,6 @@ def browser(daphne_server: Any) -> Iterator[Any]:
 STUDENT = {"pipeline": "open", "answer-view": "tokens", "greedy": "yes"}
 
 
-def open_page(browser: Any, url: str, prefs: dict[str, str], **context: Any) -> tuple[Any, Any, list[str]]:
-    """A fresh browser context (its own session cookie) on the chat page, connected to the socket, with `prefs` in
-    its local storage before the page's scripts run. The tests' own `wait_for_function` predicates are evaluated by
-    Playwright inside the page, which the site's Content-Security-Policy (no eval) would refuse, so these contexts
-    bypass it; `test_the_page_runs_under_its_content_security_policy` drives the page with the policy enforced."""
-    options = {"viewport": {"width": 1500, "height": 1200}, "accept_downloads": True, "bypass_csp": True, **context}
-    ctx = browser.new_context(**options)
-    if prefs:
-        ctx.add_init_script(
-            "if (!sessionStorage.getItem('prefs-set')) { sessionStorage.setItem('prefs-set', '1'); "
-            + " ".join(f"localStorage.setItem('roundtrip.{k}', {v!r});" for k, v in prefs.items())
-            + " }"
-        )
-    page = ctx.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on(
-        "console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None
-    )
-    page.goto(url + "/")
-    page.wait_for_selector(".status.connected", timeout=15000)
-    return ctx, page, errors
-
-
 @pytest.fixture
 def page(browser: Any, daphne_server: Any) -> Iterator[Any]:
     """The chat page as the pipeline tests use it (`STUDENT`)."""
@@ -102,9 +79,7 @@ def page(browser: Any, daphne_server: Any) -> Iterator[Any]:
 def chat_page(browser: Any, daphne_server: Any) -> Iterator[Any]:
     """The chat page as a new visitor first sees it (the pipeline folded, answers rendered, the chat sampling), with
     the clipboard allowed."""
-    context, page, errors = open_page(
-        browser, daphne_server.url, {}, permissions=["clipboard-read", "clipboard-write"]
-    )
+    context, page, errors = open_page(browser, daphne_server.url, {}, permissions=["clipboard-read", "clipboard-write"])
     yield page
     context.close()
     assert errors == [], f"JavaScript errors or Content-Security-Policy violations on the page: {errors}"

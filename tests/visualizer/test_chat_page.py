@@ -11,46 +11,13 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 import torch
+from page_actions import answer, ask, exported, trace_events, wait_done
 from servers import server_env, start, stop, wait_ready
 
 from inference.batch import Chunk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 STAGES = ["request", "gateway", "tokens", "context", "forward", "sampling", "stream", "detok", "latency"]
-
-
-def settings(page: Any, **fields: str) -> None:
-    """Set the page's fields by id (the settings sit in a drawer on narrow screens), as a change would."""
-    page.evaluate(
-        """(fields) => { for (const [id, value] of Object.entries(fields)) {
-             const node = document.getElementById(id); node.value = value; node.dispatchEvent(new Event("change")); } }""",
-        fields,
-    )
-
-
-def ask(
-    page: Any, text: str, *, level: str = "summary", speed: str = "live", model: str = "smollm2-135m-instruct"
-) -> None:
-    settings(page, model=model, level=level)
-    page.evaluate(
-        """(speed) => { const radio = document.querySelector(`input[name="speed"][value="${speed}"]`);
-             radio.checked = true; radio.dispatchEvent(new Event("change")); }""",
-        speed,
-    )
-    page.fill("#prompt", text)
-    page.click("#send")
-
-
-def answer(page: Any) -> str:
-    """The last answer's text, in the view it is shown in (its exact tokens, or rendered)."""
-    bubble = page.locator(".bubble.assistant").last
-    tokens = bubble.locator(".tokens-view")
-    text: str = (tokens if tokens.count() and tokens.is_visible() else bubble.locator(".answer")).inner_text()
-    return text
-
-
-def wait_done(page: Any) -> None:
-    page.wait_for_function("!document.getElementById('send').disabled", timeout=60000)
 
 
 def test_the_seed_question_streams_and_fills_every_stage_with_real_values(
@@ -236,25 +203,6 @@ def test_markup_in_a_message_shows_literally(page: Any) -> None:
     assert page.locator(".bubbles img, .pipeline img").count() == 0 and dialogs == []
     shown = "".join(page.locator("#stage-tokens .chip .tok-text").all_inner_texts())
     assert "<img·src=x·onerror=alert(1)>".replace("·", "") in shown.replace("·", "")
-
-
-def exported(page: Any, tmp_path: Path) -> dict[str, Any]:
-    """The run the page recorded, through its own export button: the trace as the page received it."""
-    page.click("#recording summary")
-    with page.expect_download() as download:
-        page.click("#export-run")
-    path = tmp_path / "run.json"
-    download.value.save_as(path)
-    recorded: dict[str, Any] = json.loads(path.read_text())
-    return recorded
-
-
-def trace_events(recorded: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [
-        f["frame"]["event"]
-        for f in recorded["frames"]
-        if f["frame"]["type"] == "trace" and f["frame"]["event"]["event"] == kind
-    ]
 
 
 def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(

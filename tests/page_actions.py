@@ -1,0 +1,86 @@
+"""What the browser tests do on the chat page, as a visitor would: ask, read the answer, wait for the turn to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def settings(page: Any, **fields: str) -> None:
+    """Set the page's fields by id (the settings sit in a drawer on narrow screens), as a change would."""
+    page.evaluate(
+        """(fields) => { for (const [id, value] of Object.entries(fields)) {
+             const node = document.getElementById(id);
+             node.value = value;
+             node.dispatchEvent(new Event("change")); } }""",
+        fields,
+    )
+
+
+def ask(
+    page: Any, text: str, *, level: str = "summary", speed: str = "live", model: str = "smollm2-135m-instruct"
+) -> None:
+    settings(page, model=model, level=level)
+    page.evaluate(
+        """(speed) => { const radio = document.querySelector(`input[name="speed"][value="${speed}"]`);
+             radio.checked = true; radio.dispatchEvent(new Event("change")); }""",
+        speed,
+    )
+    page.fill("#prompt", text)
+    page.click("#send")
+
+
+def answer(page: Any) -> str:
+    """The last answer's text, in the view it is shown in (its exact tokens, or rendered)."""
+    bubble = page.locator(".bubble.assistant").last
+    tokens = bubble.locator(".tokens-view")
+    text: str = (tokens if tokens.count() and tokens.is_visible() else bubble.locator(".answer")).inner_text()
+    return text
+
+
+def wait_done(page: Any) -> None:
+    page.wait_for_function("!document.getElementById('send').disabled", timeout=60000)
+
+
+def exported(page: Any, tmp_path: Path) -> dict[str, Any]:
+    """The run the page recorded, through its own export button: the trace as the page received it."""
+    page.click("#recording summary")
+    with page.expect_download() as download:
+        page.click("#export-run")
+    path = tmp_path / "run.json"
+    download.value.save_as(path)
+    recorded: dict[str, Any] = json.loads(path.read_text())
+    return recorded
+
+
+def trace_events(recorded: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [
+        f["frame"]["event"]
+        for f in recorded["frames"]
+        if f["frame"]["type"] == "trace" and f["frame"]["event"]["event"] == kind
+    ]
+
+
+def open_page(browser: Any, url: str, prefs: dict[str, str], **context: Any) -> tuple[Any, Any, list[str]]:
+    """A fresh browser context (its own session cookie) on the chat page, connected to the socket, with `prefs` in
+    its local storage before the page's scripts run. The tests' own `wait_for_function` predicates are evaluated by
+    Playwright inside the page, which the site's Content-Security-Policy (no eval) would refuse, so these contexts
+    bypass it; `test_the_page_runs_under_its_content_security_policy` drives the page with the policy enforced."""
+    options = {"viewport": {"width": 1500, "height": 1200}, "accept_downloads": True, "bypass_csp": True, **context}
+    ctx = browser.new_context(**options)
+    if prefs:
+        ctx.add_init_script(
+            "if (!sessionStorage.getItem('prefs-set')) { sessionStorage.setItem('prefs-set', '1'); "
+            + " ".join(f"localStorage.setItem('roundtrip.{k}', {v!r});" for k, v in prefs.items())
+            + " }"
+        )
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on(
+        "console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None
+    )
+    page.goto(url + "/")
+    page.wait_for_selector(".status.connected", timeout=15000)
+    return ctx, page, errors
