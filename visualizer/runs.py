@@ -143,10 +143,8 @@ class Run:
         if request.continue_final_message:  # the exchange's answer as it now reads, with the part it went on from
             answer = messages[-1]["content"] + answer
             messages = messages[:-1]
-        if finished is not None:
-            reason, speed = finished.finish_reason, finished.timings.decode_tokens_per_s
-        else:
-            reason, speed = "stopped", None
+        reason: str = finished.finish_reason if finished is not None else "stopped"
+        speed = finished.timings.decode_tokens_per_s if finished is not None else None
         outcome = Outcome(
             request_id=turn.request_id,
             answer=answer,

@@ -76,7 +76,7 @@ HOSTILE = (
     "Look: <img src=x onerror=\"document.title='pwned'\"> <script>document.title='pwned'</script> "
     "[a link](javascript:document.title='pwned') <a href=\"javascript:document.title='pwned'\">another</a> "
     '<div id="prompt" onclick="document.title=\'pwned\'">a shadow of the message box</div> '
-    "<iframe src=\"/\"></iframe> <form action=\"/\"><button>go</button></form> **still bold**"
+    '<iframe src="/"></iframe> <form action="/"><button>go</button></form> **still bold**'
 )
 WATCH_VIOLATIONS = (
     "window.violations = []; "
@@ -260,9 +260,7 @@ def test_conversations_are_renamed_searched_deleted_and_reopened_after_a_reload(
     assert Conversation.objects.count() == 1 and Conversation.objects.get().title == "Breakfast"
 
 
-def test_the_folded_pipeline_keeps_all_eight_clocks_live_and_opens_at_a_stage(
-    chat_page: Any, screenshot: Any
-) -> None:
+def test_the_folded_pipeline_keeps_all_eight_clocks_live_and_opens_at_a_stage(chat_page: Any, screenshot: Any) -> None:
     page = chat_page
     assert page.locator("#pipeline").is_hidden()
     settings(page, max_tokens="6")
