@@ -10,11 +10,16 @@ import { el } from "./dom.js";
 const escape = (text) => text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 
 // GitHub-flavoured Markdown with single newlines kept (chat answers use them for lines of a poem or an address).
-// An image becomes a link to it: the page loads nothing a model names.
+// An image becomes a link to it: the page loads nothing a model names. HTML in the text is shown as the text it is
+// (as the exact tokens would show it): it is never parsed as markup, so not even a sanitizer's inert parse sees an
+// event handler to report to the page's Content-Security-Policy.
 const markdown = new Marked({
   gfm: true,
   breaks: true,
   renderer: {
+    html({ text }) {
+      return escape(text);
+    },
     image({ href, text }) {
       return `<a href="${escape(href ?? "")}">${escape(text || href || "image")}</a>`;
     },
