@@ -9,10 +9,12 @@ row: greedy, `max_tokens` = `--tokens`, and the end-of-turn token banned through
 so every answer is exactly that long. Per row it reads the CDP `Performance.getMetrics` counters before the send and
 after the answer is drawn: `TaskDuration` (all main-thread work: script, style, layout, paint) over the answer's
 tokens is the page's cost per token. The time through the page runs from the send to the first animation frame after
-the answer ends. Then the same request (same system prompt, sampling and banned token) goes over SSE with a lean
-blocking client while the page sits idle in another tab; its time runs from the request to `[DONE]`. Each is repeated
-`--repeats` times and the median reported. The browser, the server and the client share this machine's cores, as a
-student's laptop would.
+the answer ends. After each page run the same request (same system prompt, sampling and banned token) goes over SSE
+with a lean blocking client while the page sits idle (in its tab and another); its time runs from the request to
+`[DONE]`. Each is repeated `--repeats` times: medians are reported, and the ratio is the median of each page run over
+the SSE run beside it (this machine's speed drifts over minutes). A page that reopens the last conversation is given
+a new chat first, so that every request is the same. The browser, the server and the client share this machine's
+cores, as a student's laptop would.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ SEND = """async ([prompt, fields]) => {
   return (await drawn) - started;
 }"""
 
+NEW_CHAT = "() => document.getElementById('new-conversation')?.click()"
+
 # The pipeline's state on a page that can collapse it (a page without the toggle is always open).
 PIPELINE = """(want) => {
   const toggle = document.getElementById('pipeline-toggle');
@@ -117,6 +121,7 @@ def last_usage(db: Path) -> tuple[int, float, float]:
 def through_page(page: Any, cdp: Any, db: Path, level: str, pipeline: str, tokens: int) -> Row:
     page.reload()
     page.wait_for_selector(".status.connected", timeout=30000)
+    page.evaluate(NEW_CHAT)  # the page reopens the last conversation: every row asks without history, as SSE does
     if not page.evaluate(PIPELINE, pipeline):
         raise SystemExit(f"this page cannot show its pipeline {pipeline}")
     fields = {
@@ -126,6 +131,8 @@ def through_page(page: Any, cdp: Any, db: Path, level: str, pipeline: str, token
         "top_p": "1",
         "top_k": "0",
         "seed": "",
+        "min_p": "0",
+        "repetition_penalty": "1",
         "logit_bias": json.dumps({str(END_OF_TURN): -100}),
         "system": SYSTEM,
     }
@@ -180,6 +187,16 @@ def median_row(rows: list[Row]) -> Row:
     )
 
 
+@dataclass
+class Paired:
+    """A row through the page, and the same request over SSE right after each of its runs (this machine's speed
+    drifts over minutes: a ratio of neighbours is steadier than a ratio of medians taken minutes apart)."""
+
+    row: Row
+    sse_ms: float  # median over SSE
+    ratio: float  # median of (through the page / over SSE), run by run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
@@ -194,63 +211,59 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     os.environ["ROUNDTRIP_ANONYMOUS_LIMITS"] = "{}"  # the page is an anonymous visitor sending many long answers
-    rows: list[Row] = []
-    sse: list[float] = []
+    rows: list[Paired] = []
     with tempfile.TemporaryDirectory(prefix="roundtrip-page-") as tmp:
         workdir = Path(tmp)
         with roundtrip_server(workdir, [4], "", args.root) as target, sync_playwright() as playwright:
             site = target.url.removesuffix("/v1")
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             context = browser.new_context(viewport={"width": 1500, "height": 1000})
+            idle = context.new_page()  # another tab with the page, open and doing nothing
+            idle.goto(site + "/")
             page = context.new_page()
             cdp = context.new_cdp_session(page)
             cdp.send("Performance.enable")
             page.goto(site + "/")
             page.wait_for_selector(".status.connected", timeout=30000)
             through_page(page, cdp, workdir / "db.sqlite3", "summary", "open", 16)  # warm-up, not counted
+            over_sse(target.url, target.key, 16)
             for level in args.levels.split(","):
                 for pipeline in args.pipeline.split(","):
                     if level == "full" and pipeline == "collapsed":
                         continue  # full detail is for looking at the pipeline
-                    runs = [
-                        through_page(page, cdp, workdir / "db.sqlite3", level, pipeline, args.tokens)
-                        for _ in range(args.repeats)
-                    ]
-                    rows.append(median_row(runs))
-                    r = rows[-1]
-                    print(f"  {level:<8} {pipeline:<10} {r.per_token:6.1f} ms/token", file=sys.stderr, flush=True)
-            page.goto("about:blank")
-            idle = context.new_page()  # the other tab, open and doing nothing, while SSE runs
-            idle.goto(site + "/")
-            idle.wait_for_selector(".status.connected", timeout=30000)
-            over_sse(target.url, target.key, 16)  # warm-up
-            sse = [over_sse(target.url, target.key, args.tokens) for _ in range(args.repeats)]
+                    runs, sse = [], []
+                    for _ in range(args.repeats):
+                        runs.append(through_page(page, cdp, workdir / "db.sqlite3", level, pipeline, args.tokens))
+                        time.sleep(0.5)  # the page has nothing left to do: it sits idle while SSE runs
+                        sse.append(over_sse(target.url, target.key, args.tokens))
+                    row = median_row(runs)
+                    ratio = statistics.median(r.wall_ms / t for r, t in zip(runs, sse, strict=True))
+                    rows.append(Paired(row, statistics.median(sse), ratio))
+                    print(f"  {level:<8} {pipeline:<10} {row.per_token:6.2f} ms/token {ratio:.2f}x", file=sys.stderr)
             browser.close()
-    report(rows, statistics.median(sse), args)
+    report(rows, args)
     if args.output:
-        Path(args.output).write_text(json.dumps({"rows": [r.__dict__ for r in rows], "sse_ms": sse}, indent=2))
+        data = [{**p.row.__dict__, "sse_ms": p.sse_ms, "ratio": p.ratio} for p in rows]
+        Path(args.output).write_text(json.dumps({"rows": data}, indent=2))
 
 
-def report(rows: list[Row], sse_ms: float, args: argparse.Namespace) -> None:
+def report(rows: list[Paired], args: argparse.Namespace) -> None:
     print(
         f"\nchat page at {args.root}; SmolLM2-135M-Instruct, greedy, {args.tokens} tokens (end of turn banned); "
-        f"headless Chromium; median of {args.repeats}"
+        f"headless Chromium; median of {args.repeats}; each page run followed by the same request over SSE"
     )
     print(
-        f"{'level':<9}{'pipeline':<11}{'tokens':>7}{'main thread':>13}{'per token':>11}{'script':>9}{'layout':>9}"
-        f"{'style':>9}{'page time':>11}{'server TTFT':>13}{'total':>9}{'bar':>7}"
+        f"{'level':<9}{'pipeline':<11}{'tokens':>7}{'main thread':>13}{'per token':>11}{'bar':>6}{'script':>9}"
+        f"{'layout':>9}{'style':>9}{'page time':>11}{'SSE':>8}{'ratio':>7}{'bar':>6}{'server TTFT':>13}{'total':>9}"
     )
-    for r in rows:
+    for p in rows:
+        r = p.row
+        bar = f"{SSE_BAR:.1f}x" if r.level == "summary" else "-"
         print(
-            f"{r.level:<9}{r.pipeline:<11}{r.tokens:>7}{r.task_ms:>11.0f}ms{r.per_token:>9.2f}ms"
-            f"{r.script_ms:>7.0f}ms{r.layout_ms:>7.0f}ms{r.style_ms:>7.0f}ms{r.wall_ms:>9.0f}ms"
-            f"{r.server_ttft_ms:>11.0f}ms{r.server_total_ms:>7.0f}ms"
-            f"{BARS[r.level]:>5.0f}ms"
+            f"{r.level:<9}{r.pipeline:<11}{r.tokens:>7}{r.task_ms:>11.0f}ms{r.per_token:>9.2f}ms{BARS[r.level]:>4.0f}ms"
+            f"{r.script_ms:>7.0f}ms{r.layout_ms:>7.0f}ms{r.style_ms:>7.0f}ms{r.wall_ms:>9.0f}ms{p.sse_ms:>6.0f}ms"
+            f"{p.ratio:>6.2f}x{bar:>6}{r.server_ttft_ms:>11.0f}ms{r.server_total_ms:>7.0f}ms"
         )
-    print(f"\nthe same request over SSE (the page idle in another tab): {sse_ms:.0f} ms")
-    for r in rows:
-        if r.level == "summary":
-            print(f"  through the page, pipeline {r.pipeline}: {r.wall_ms / sse_ms:.2f}x (bar: <= {SSE_BAR})")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,13 @@ requests from other clients go through the pipeline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import msgspec
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from visualizer.pacing import paced
 from visualizer.questions import inspect, prompt_attention, resample
 from visualizer.runs import Run, Visitor, error_frame
 from visualizer.watch import WATCH_GROUP, watcher_joined, watcher_left
@@ -31,6 +33,13 @@ class FrameConsumer(AsyncWebsocketConsumer):
     async def send_frame(self, frame: dict[str, Any]) -> None:
         """A frame as compact JSON; wire objects inside it (trace events, layer detail) are encoded as they are."""
         await self.send(text_data=_json.encode(frame).decode())
+
+    async def send_frames(self, frames: list[dict[str, Any]]) -> None:
+        """Frames in one message: a JSON array of them (one frame goes as itself)."""
+        if len(frames) == 1:
+            await self.send_frame(frames[0])
+        else:
+            await self.send(text_data=_json.encode(frames).decode())
 
     async def error(self, message: str, code: str = "bad_message") -> None:
         await self.send_frame(error_frame(bad_request(message, code=code)))
@@ -106,8 +115,10 @@ class PipelineConsumer(FrameConsumer):
         return self.task is not None and not self.task.done()
 
     async def _forward(self, run: Run) -> None:
-        async for frame in run.frames():
-            await self.send_frame(frame)
+        """The run's frames, paced (see `visualizer.pacing`): several in a message when they are ready together."""
+        async with contextlib.aclosing(paced(run.frames())) as batches:
+            async for batch in batches:
+                await self.send_frames(batch)
 
     def _visitor(self) -> Visitor:
         user = self.scope.get("user")

@@ -15,7 +15,7 @@ export function drawLayerStack(node, count, forward) {
   const d = forward.detail?.attention_update_norms ? forward.detail : null; // recordings made before the halves were traced have none
   if (d || node.dataset.shaded !== "no") shade(node, d);
   node.classList.toggle("prefill", forward.phase === "prefill");
-  sweep(node);
+  sweep(node, forward.step);
 }
 
 // At full detail each half's shade is its update's size; without it every half looks the same (drawn once).
@@ -33,11 +33,19 @@ function shade(node, d) {
 }
 
 const SWEEP_MS = 800; // a sweep takes about this long; tokens faster than that do not restart it
+const SLOW_TOKEN_MS = 300; // tokens further apart than this (slow motion, step mode) each sweep; faster ones do not
 
-// The token going up the stack, layer by layer: restarted through the animations themselves (no forced layout).
-function sweep(node) {
+// The token going up the stack, layer by layer: for a pass that came after the stack had been still a while (the
+// prefill, a step, slow motion). A live answer's tokens follow each other faster than a sweep could show, and an
+// animation that never stops redraws the page every frame, on the cores the engine needs: they do not sweep.
+// Restarted through the animations themselves (no forced layout).
+function sweep(node, step) {
   const now = performance.now();
-  if (now - Number(node.dataset.swept ?? -Infinity) < SWEEP_MS) return;
+  if (node.dataset.step === String(step)) return;
+  const gap = now - Number(node.dataset.stepAt ?? -Infinity);
+  node.dataset.step = String(step);
+  node.dataset.stepAt = String(now);
+  if (gap < SLOW_TOKEN_MS || now - Number(node.dataset.swept ?? -Infinity) < SWEEP_MS) return;
   node.dataset.swept = String(now);
   if (!node.classList.contains("sweep")) node.classList.add("sweep");
   else for (const animation of node.getAnimations({ subtree: true })) {

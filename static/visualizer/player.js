@@ -3,6 +3,7 @@
 // when tokens arrive faster than the page can paint.
 
 const SLOW_MS_PER_FRAME = 90;
+const DRAW_EVERY_MS = Number(localStorage.getItem("drawEvery") ?? 150);
 
 export class Player {
   constructor(draw) {
@@ -11,6 +12,7 @@ export class Player {
     this.speed = "live";
     this.timer = null;
     this.pending = false;
+    this.lastDraw = -Infinity;
   }
 
   push(run, frame, at) {
@@ -49,10 +51,12 @@ export class Player {
   schedule(run) {
     if (this.pending) return;
     this.pending = true;
-    requestAnimationFrame(() => {
+    const wait = Math.max(0, this.lastDraw + DRAW_EVERY_MS - performance.now());
+    setTimeout(() => requestAnimationFrame(() => {
       this.pending = false;
+      this.lastDraw = performance.now();
       this.draw(run);
-    });
+    }), wait);
   }
 
   // Replays a recorded run with its original timing (slow motion stretches it). With `hold`, it stops after the first

@@ -1,4 +1,5 @@
-// The pipeline WebSocket: JSON frames, automatic reconnection, and a status line that says what is happening.
+// The pipeline WebSocket: JSON frames (a message holds one, or an array of those that were ready together),
+// automatic reconnection, and a status line that says what is happening.
 
 export class PipelineSocket {
   constructor(path, { onFrame, onStatus }) {
@@ -17,13 +18,14 @@ export class PipelineSocket {
       this.onStatus(this.dropped ? "reconnected" : "connected");
     });
     this.ws.addEventListener("message", (event) => {
-      let frame;
+      let data;
       try {
-        frame = JSON.parse(event.data);
+        data = JSON.parse(event.data);
       } catch {
         return;
       }
-      this.onFrame(frame, performance.now());
+      const at = performance.now();
+      for (const frame of Array.isArray(data) ? data : [data]) this.onFrame(frame, at);
     });
     this.ws.addEventListener("close", () => {
       this.dropped = true;

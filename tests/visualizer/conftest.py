@@ -97,6 +97,23 @@ def screenshot() -> Any:
     return take
 
 
+class FrameCommunicator(WebsocketCommunicator):
+    """One frame per `receive_json_from`, as the page reads them: a message may hold several (`visualizer.pacing`).
+    `messages` counts the messages they came in."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: list[dict[str, Any]] = []
+        self.messages = 0
+
+    async def receive_json_from(self, timeout: float = 1) -> Any:
+        if not self.pending:
+            data = await super().receive_json_from(timeout)
+            self.messages += 1
+            self.pending = data if isinstance(data, list) else [data]
+        return self.pending.pop(0)
+
+
 @pytest.fixture
 def with_worker(
     tiny_model_path: Path,
@@ -109,7 +126,7 @@ def with_worker(
             channel_layers.backends = {}  # a fresh in-memory layer for this event loop
             worker = asyncio.create_task(serve([ModelRoute("tiny", str(tiny_model_path), ())], show_progress=False))
             await worker_ready("tiny")
-            communicator = WebsocketCommunicator(APP, "/ws/pipeline/")
+            communicator = FrameCommunicator(APP, "/ws/pipeline/")
             connected, _ = await communicator.connect()
             assert connected
             assert (await communicator.receive_json_from())["type"] == "hello"
