@@ -24,6 +24,7 @@ from webapp.gateway.json_input import BadJSON, loads_object
 
 MAX_FRAME_BYTES = 64 * 1024  # larger frames get an error frame; past 1 MiB the socket closes with 1009 and a reason
 QUESTIONS = {"inspect": inspect, "resample": resample, "prompt_attention": prompt_attention}
+MAX_BATCH_BYTES = 256 * 1024  # frames sent together stay well under Daphne's 1 MiB message limit
 _json = msgspec.json.Encoder()
 
 
@@ -35,11 +36,23 @@ class FrameConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=_json.encode(frame).decode())
 
     async def send_frames(self, frames: list[dict[str, Any]]) -> None:
-        """Frames in one message: a JSON array of them (one frame goes as itself)."""
-        if len(frames) == 1:
-            await self.send_frame(frames[0])
-        else:
-            await self.send(text_data=_json.encode(frames).decode())
+        """Frames in as few messages as fit: JSON arrays of at most `MAX_BATCH_BYTES` (a frame alone goes as itself).
+        Daphne refuses a message past 1 MiB, and a paced second of `full` detail is several."""
+        chunk: list[bytes] = []
+        size = 0
+        for frame in frames:
+            encoded = _json.encode(frame)
+            if chunk and size + len(encoded) > MAX_BATCH_BYTES:
+                await self._send_encoded(chunk)
+                chunk, size = [], 0
+            chunk.append(encoded)
+            size += len(encoded) + 1
+        if chunk:
+            await self._send_encoded(chunk)
+
+    async def _send_encoded(self, chunk: list[bytes]) -> None:
+        text = chunk[0] if len(chunk) == 1 else b"[" + b",".join(chunk) + b"]"
+        await self.send(text_data=text.decode())
 
     async def error(self, message: str, code: str = "bad_message") -> None:
         await self.send_frame(error_frame(bad_request(message, code=code)))

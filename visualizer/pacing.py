@@ -4,9 +4,9 @@ per `PACE_S`.
 Every WebSocket message costs the browser about the same whatever its size (the network process, an IPC hop, a task
 on the page's main thread), and on a machine where the browser and the engine share the cores, the engine pays for
 that time twice: its threads wait for each other at every layer while one of them is off its core. Measured with
-`benchmarks/bench_page.py` (docs/page.md): one message per frame made a 256-token answer 1.5x slower through the page
-than over SSE; one per token, 1.45x; paced at 100 ms, within 1.3x. The page draws at most every 100 ms, so a faster
-pace would only be drawn later. Frames that end something (the answer's last token, usage, done, an error) and
+`benchmarks/bench_page.py` (docs/page.md): one message per frame made a 256-token answer about 1.5x slower through the
+page than over SSE; one per token, 1.45x; paced at 150 ms, about 1.25x. The page draws at most every 150 ms, so a
+faster pace would only be drawn later. Frames that end something (the answer's last token, usage, done, an error) and
 everything up to the first token go at once: the page's clocks for time to first token and the end of the turn are
 not delayed. API clients are not paced: SSE sends each token as it is made.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from webapp.worker.wire import Finished, TextDelta
 
-PACE_S = float(__import__("os").environ.get("GATHER_MS", "100")) / 1000
+PACE_S = 0.15
 
 Frame = dict[str, Any]
 
@@ -30,7 +30,7 @@ def _urgent(frame: Frame | None) -> bool:
     return frame is None or frame["type"] in ("usage", "done", "error") or isinstance(frame.get("event"), Finished)
 
 
-async def paced(frames: AsyncIterator[Frame], pace_s: float = PACE_S) -> AsyncIterator[list[Frame]]:
+async def paced(frames: AsyncIterator[Frame], pace_s: float = PACE_S) -> AsyncGenerator[list[Frame], None]:
     """`frames` in batches: each batch is every frame ready when the previous one was taken, and once the first
     token's text went, the next batch waits until `pace_s` after the last one unless an urgent frame comes first.
     Closing this generator (the socket went) cancels the reading of `frames`, as if its reader had been cancelled."""

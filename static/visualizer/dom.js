@@ -21,10 +21,10 @@ export function clock(stage, text) {
   if (node && node.textContent !== text) node.textContent = text;
 }
 
-// A stage the run has reached lights up, with one pulse the first time (its clock shows it is still busy).
+// A stage the run has reached lights up (its clock shows it is still busy).
 export function light(stage) {
   const node = document.getElementById(`stage-${stage}`);
-  if (!node.classList.contains("active")) node.classList.add("active", "pulse");
+  if (!node.classList.contains("active")) node.classList.add("active");
 }
 
 export function ms(value) {

@@ -3,7 +3,9 @@
 // when tokens arrive faster than the page can paint.
 
 const SLOW_MS_PER_FRAME = 90;
-const DRAW_EVERY_MS = Number(localStorage.getItem("drawEvery") ?? 150);
+// At most this often (about 7 times a second, as the server paces an answer's frames): each drawing costs the browser
+// a frame's style, layout, paint and compositing, on the cores the engine needs (docs/page.md).
+const DRAW_EVERY_MS = 150;
 
 export class Player {
   constructor(draw) {

@@ -40,7 +40,7 @@ const drawn = fresh();
 let later = () => {}; // asks for another drawing (a chart that was due later)
 
 export function resetStages() {
-  document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active", "pulse"));
+  document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active"));
   document.querySelectorAll(".stage [data-field]").forEach((node) => {
     if (node.tagName === "METER") node.value = 0;
     else if (!["INPUT", "BUTTON"].includes(node.tagName) && !node.classList.contains("chart")) node.replaceChildren();

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 from channels.testing import WebsocketCommunicator
 
+from visualizer.consumers import MAX_BATCH_BYTES, PipelineConsumer
 from visualizer.models import Conversation
 from webapp.usage.models import UsageRecord
 
@@ -335,3 +337,21 @@ def test_next_or_cancel_without_a_turn_gets_an_answer(with_worker: Any) -> None:
             assert frame["type"] == "error" and frame["code"] == "no_turn" and kind in frame["message"]
 
     with_worker(body)
+
+
+def test_frames_sent_together_are_split_below_the_message_limit() -> None:
+    """A paced second of `full` detail is megabytes: it goes as several arrays, each under the limit, in order."""
+    sent: list[str] = []
+    consumer = PipelineConsumer()
+
+    async def send(text_data: str) -> None:
+        sent.append(text_data)
+
+    consumer.send = send  # type: ignore[method-assign]
+    frames = [{"type": "trace", "n": i, "pad": "x" * 100_000} for i in range(12)]
+    asyncio.run(consumer.send_frames(frames))
+    assert len(sent) > 1 and all(len(text) <= MAX_BATCH_BYTES for text in sent)
+    messages = [json.loads(text) for text in sent]
+    assert all(isinstance(message, list) for message in messages[:-1])
+    received = [frame for message in messages for frame in (message if isinstance(message, list) else [message])]
+    assert [frame["n"] for frame in received] == list(range(12))

@@ -4,6 +4,7 @@ at once when something ends, nothing lost or reordered, and a closed stream canc
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -73,7 +74,7 @@ def test_frames_ready_together_share_a_message_and_the_opening_is_not_delayed() 
 def test_a_fast_answer_goes_at_most_one_message_per_pace() -> None:
     sent = asyncio.run(collect(answer(60, 0.005, end=False)))
     streaming = [at for at, batch in sent if any(isinstance(f.get("event"), TextDelta) for f in batch)]
-    gaps = [b - a for a, b in zip(streaming, streaming[1:], strict=False)][:-1]  # the last: the source ended
+    gaps = [b - a for a, b in itertools.pairwise(streaming)][:-1]  # the last: the source ended
     assert len(streaming) < 60 / 4 and min(gaps) >= PACE * 0.9
 
 
