@@ -113,6 +113,9 @@ class FrameCommunicator(WebsocketCommunicator):
             self.pending = data if isinstance(data, list) else [data]
         return self.pending.pop(0)
 
+    async def receive_nothing(self, timeout: float = 0.1, interval: float = 0.01) -> bool:  # noqa: ASYNC109
+        return not self.pending and await super().receive_nothing(timeout, interval)
+
 
 @pytest.fixture
 def with_worker(
