@@ -129,6 +129,8 @@ def test_the_benchmark_pages_save_refuses_what_it_cannot_keep_and_exports_stay_s
     ):
         refused = save(bad)
         assert refused.status_code == 400 and words in refused.json()["error"]["message"], (words, refused.text)
+    too_large = save(b'{"title": "' + b"x" * (2 * 1024 * 1024) + b'", "settings": {}, "lanes": []}')
+    assert too_large.status_code == 413 and "at most" in too_large.json()["error"]["message"]
     run = {"status": 200, "error": "=cmd|' /C calc'!A0", "ttft_ms": 12.5, "tokens": 3, "request_id": "+1"}
     kept = save(
         json.dumps({"title": "t", "settings": settings, "lanes": [{"name": "@SUM(A1)", "runs": [run]}]}).encode()

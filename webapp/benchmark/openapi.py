@@ -55,7 +55,10 @@ def _save() -> dict[str, Any]:
                 "201": {"description": "Kept: its read-only link", "content": {"application/json": {"schema": kept}}},
                 "400": {"description": "Not a result this page keeps (the field named)", "content": JSON_ERROR},
                 "403": {"description": "No session or CSRF token", "content": HTML},
-                "413": {"description": "Larger than 2 MiB", "content": JSON_ERROR},
+                "413": {
+                    "description": "Larger than the upload limit (ROUNDTRIP_MAX_BODY_BYTES, 1 MiB)",
+                    "content": JSON_ERROR,
+                },
             },
         }
     }

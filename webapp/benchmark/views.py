@@ -11,6 +11,8 @@ import io
 import json
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
@@ -23,7 +25,6 @@ from webapp.gateway.errors import GatewayError
 from webapp.gateway.json_input import BadJSON, loads_object
 from webapp.worker import registry
 
-MAX_RESULT_BYTES = 2 * 1024 * 1024
 PRESETS = {
     "capital": "What's the capital of India?",
     "story": "Tell me a long story about a lighthouse keeper.",
@@ -55,10 +56,13 @@ def _refused(status: int, message: str, param: str | None = None) -> JsonRespons
 def save(request: HttpRequest) -> JsonResponse:
     """Keep a finished run: {"title", "settings", "lanes"} → its permalink. Read as the API reads a body, then checked
     field by field (`webapp.benchmark.saved`): what is kept is what the page and the exports can show."""
-    if len(request.body) > MAX_RESULT_BYTES:
-        return _refused(413, "This result is too large to keep.")
     try:
-        text = request.body.decode("utf-8")
+        body = request.body  # past DATA_UPLOAD_MAX_MEMORY_SIZE Django refuses to read it
+    except RequestDataTooBig:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _refused(413, f"This result is too large to keep: at most {limit} bytes.")
+    try:
+        text = body.decode("utf-8")
         result = saved.validate(loads_object(text, "The result"))
     except UnicodeDecodeError:
         return _refused(400, "The result is not valid UTF-8.")
