@@ -22,7 +22,7 @@ export const MEANING = {
   context: "building the context window (chat template, history that fits)",
   forward: "the latest forward pass through every layer",
   sampling: "choosing the latest token",
-  stream: "the latest gap between two tokens arriving here (the first: time to first token)",
+  stream: "the latest gap between tokens arriving here, per token (tokens that came in one bundle share it; the first: time to first token)",
   detok: "from the latest token's choice to its text being released",
   latency: "from pressing Send to the latest token on screen",
 };
@@ -39,8 +39,11 @@ export function clocks(run) {
   const sampled = run.lastSampled;
   if (sampled) out.sampling = ms(sampled.duration * 1000);
   const arrivals = run.tokenArrivals;
-  if (arrivals.length > 1) out.stream = ms(arrivals[arrivals.length - 1] - arrivals[arrivals.length - 2]);
-  else if (arrivals.length === 1 && run.sentAt !== null) out.stream = ms(arrivals[0] - run.sentAt);
+  const latest = arrivals.length - 1;
+  let first = latest; // the first token of the latest bundle (tokens the page received together)
+  while (first > 0 && arrivals[first - 1] === arrivals[latest]) first--;
+  if (first > 0) out.stream = ms((arrivals[latest] - arrivals[first - 1]) / (latest - first + 1));
+  else if (arrivals.length && run.sentAt !== null) out.stream = ms(arrivals[0] - run.sentAt);
   const text = run.lastText;
   const chosen = text ? run.steps.get(text.step)?.sampled : null;
   if (text && chosen) out.detok = ms(Math.max(0, text.t - chosen.t) * 1000);
