@@ -199,6 +199,7 @@ $("composer").addEventListener("submit", (event) => {
 function send() {
   const prompt = $("prompt").value;
   if (!prompt.trim()) return null;
+  if (tour.active && tour.run.done) tour.end(); // a new question after the tour: the visitor's own settings
   const run = chat.ask(prompt);
   if (run) $("prompt").value = "";
   return run;
@@ -217,22 +218,44 @@ setBusy(false);
 $("greedy").checked = recall("greedy") === "yes";
 $("greedy").addEventListener("change", () => remember("greedy", $("greedy").checked ? "yes" : "no"));
 
+// What a tour switches (detail, greedy, speed, the pipeline open), to put back as the visitor had it when it ends.
+function settingsNow() {
+  return { level: $("level").value, greedy: $("greedy").checked, speed: speed(), open: layout.open };
+}
+
+function putBack(saved) {
+  $("level").value = saved.level;
+  $("greedy").checked = saved.greedy;
+  document.querySelector(`input[name="speed"][value="${saved.speed}"]`).checked = true;
+  layout.setOpen(saved.open, false);
+  setBusy(Boolean(state.run && !state.run.done));
+}
+
 // The guided tour on a live run: the walkthrough's question unless one is typed, greedy at full detail, in step mode,
-// so the engine waits after the first token while the tour walks the stages.
+// so the engine waits after the first token while the tour walks the stages. Ending the tour (its End button, or the
+// next question) puts the visitor's own settings back.
 $("tour-start").addEventListener("click", (event) => {
   if (state.run && !state.run.done) return;
   tour.end();
+  const saved = settingsNow();
   if (!$("prompt").value.trim()) $("prompt").value = event.currentTarget.dataset.question;
   $("level").value = "full";
   $("greedy").checked = true;
   document.querySelector('input[name="speed"][value="step"]').checked = true;
-  layout.setOpen(true);
+  layout.setOpen(true, false);
   const run = send();
-  if (!run) return;
-  tour.start(run, () => {
-    state.released = run;
-    socket.send({ type: "next" });
-  });
+  if (!run) {
+    putBack(saved);
+    return;
+  }
+  tour.start(
+    run,
+    () => {
+      state.released = run;
+      socket.send({ type: "next" });
+    },
+    () => putBack(saved),
+  );
 });
 
 // --- copying -----------------------------------------------------------------------------------------------------
@@ -362,9 +385,10 @@ $("replay-run").addEventListener("click", () => {
 $("replay-tour").addEventListener("click", () => {
   tour.end();
   layout.setDrawer(false);
-  layout.setOpen(true);
+  const open = layout.open;
+  layout.setOpen(true, false);
   const run = replay(true);
-  if (run) tour.start(run, run.release);
+  if (run) tour.start(run, run.release, () => layout.setOpen(open, false));
 });
 
 // Plays the imported recording (else this page's last run) into a new run; `hold`: stop after its first token until

@@ -130,13 +130,15 @@ const STEPS = [
 ];
 
 export class Tour {
-  // box: the tour panel; release(): let the held run go on (the engine's next tokens, or the rest of a replay).
+  // box: the tour panel; release(): let the held run go on (the engine's next tokens, or the rest of a replay);
+  // ended(): called once when the tour ends (the page puts back what it switched for the tour).
   constructor(box) {
     this.box = box;
     this.run = null;
     this.index = 0;
     this.released = false;
     this.release = () => {};
+    this.ended = () => {};
     box.querySelector("[data-tour=next]").addEventListener("click", () => this.go(1));
     box.querySelector("[data-tour=back]").addEventListener("click", () => this.go(-1));
     box.querySelector("[data-tour=end]").addEventListener("click", () => this.end());
@@ -146,8 +148,8 @@ export class Tour {
     return this.run !== null;
   }
 
-  start(run, release) {
-    Object.assign(this, { run, release, index: 0, released: false });
+  start(run, release, ended = () => {}) {
+    Object.assign(this, { run, release, ended, index: 0, released: false });
     this.box.hidden = false;
     document.querySelector(".pipeline").classList.add("touring");
     this.show(true);
@@ -169,8 +171,12 @@ export class Tour {
   }
 
   end() {
-    if (this.run && !this.released && !this.run.done) this.release(); // never leave the engine paused behind a closed tour
+    if (!this.run) return;
+    if (!this.released && !this.run.done) this.release(); // never leave the engine paused behind a closed tour
     this.run = null;
+    const ended = this.ended;
+    this.ended = () => {};
+    ended();
     this.box.hidden = true;
     document.querySelector(".pipeline").classList.remove("touring");
     document.querySelectorAll(".stage.touring").forEach((s) => s.classList.remove("touring"));

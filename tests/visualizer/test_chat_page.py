@@ -11,7 +11,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 import torch
-from page_actions import answer, ask, exported, trace_events, wait_done
+from page_actions import answer, ask, exported, settings, trace_events, wait_done
 from servers import server_env, start, stop, wait_ready
 
 from inference.batch import Chunk
@@ -415,7 +415,9 @@ def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(
     from webapp.usage.models import UsageRecord
 
     page.select_option("#model", "smollm2-135m-instruct")
-    page.click("#tour-start")  # the walkthrough's question by default
+    page.uncheck("#greedy")
+    settings(page, level="summary")
+    page.click("#tour-start")  # the walkthrough's question by default: greedy, full detail, step mode
     said = walk_the_tour(page)
     wait_done(page)
     assert answer(page) == "The capital of India is New Delhi."
@@ -423,6 +425,9 @@ def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(
     screenshot(page, "tour-live-end")
     page.click("#tour [data-tour=end]")
     assert page.is_hidden("#tour") and page.locator(".stage.touring").count() == 0
+    # the visitor's own settings are back: the next question is not held after its first token
+    assert page.input_value("#level") == "summary" and not page.is_checked("#greedy")
+    assert page.is_checked('input[name="speed"][value="live"]') and page.is_hidden("#next")
     # the latency panel ended it: TTFT and ITL with this run's own numbers
     recorded = exported(page, tmp_path)
     timings = trace_events(recorded, "finished")[0]["timings"]
