@@ -13,7 +13,9 @@ class LinePlot {
     this.height = height;
     const ys = typeof yAxes === "string" ? [{ label: yAxes }] : yAxes;
     this.plot = new uPlot(
-      { width: this.width(), height, scales: { x: { time: false }, ...scales }, axes: [{ label: xLabel }, ...ys], series: [{}, ...series] },
+      // The legend names the series without waiting for a hover (uPlot's live legend reads "--" until then); the
+      // values are in the table under the plot.
+      { width: this.width(), height, legend: { live: false }, scales: { x: { time: false }, ...scales }, axes: [{ label: xLabel }, ...ys], series: [{}, ...series] },
       [[], ...series.map(() => [])],
       node,
     );
@@ -43,7 +45,7 @@ export class ItlChart extends LinePlot {
     super(node, 150, "token", "ms", [
       { label: "browser", stroke: "#2563eb", points: { show: true } },
       { label: "server", stroke: "#db2777", points: { show: true } },
-    ]);
+    ], { y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } }); // from zero, with room for its ticks
   }
 
   update(clientItls, serverItls) {

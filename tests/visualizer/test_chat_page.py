@@ -507,6 +507,8 @@ def test_every_number_is_text_and_the_keyboard_reaches_tokens_and_stages(page: A
     itl.locator("summary").click()
     itl.locator("thead th").nth(2).wait_for(timeout=10000)  # the chart fills it when drawn
     assert itl.locator("thead th").all_inner_texts() == ["token", "browser", "server"]
+    legend = page.inner_text("#stage-stream .u-legend")
+    assert "browser" in legend and "server" in legend and "--" not in legend  # readable without a hover
     assert (
         itl.locator("tbody tr").count() >= 7 and itl.locator("tbody td").first.inner_text().replace(".", "").isdigit()
     )
