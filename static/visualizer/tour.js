@@ -19,9 +19,14 @@ const STEPS = [
     say: (run) => {
       const r = run.request;
       const settings = Object.entries(r.params).map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ") || "the default settings";
-      return `Your browser packed your question, ${r.messages.length - 1 ? `${r.messages.length - 1} earlier message(s) and ` : ""}the settings ` +
-        `(${settings}) into one JSON message and sent it to the server over a WebSocket. Nothing has been computed yet: ` +
-        "so far this is just text with labels.";
+      const earlier = r.messages.filter((m) => m.role !== "system").length - 1;
+      const parts = [
+        "your question",
+        ...(r.messages.some((m) => m.role === "system") ? ["the system prompt (the instructions the model reads before the conversation)"] : []),
+        ...(earlier ? [`${earlier} earlier message${earlier === 1 ? "" : "s"} of this conversation`] : []),
+      ];
+      return `Your browser packed ${parts.join(", ")} and the settings (${settings}) into one JSON message and sent it ` +
+        "to the server over a WebSocket. Nothing has been computed yet: so far this is just text with labels.";
     },
   },
   {

@@ -422,6 +422,7 @@ def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(
     wait_done(page)
     assert answer(page) == "The capital of India is New Delhi."
     assert "[1780, 506, 260, 3575, 282, 3089, 47]" in said[2] and "27 tokens" in said[3] and "“The”" in said[5]
+    assert "the system prompt" in said[0] and "earlier message" not in said[0]  # a fresh chat: no earlier turns
     screenshot(page, "tour-live-end")
     page.click("#tour [data-tour=end]")
     assert page.is_hidden("#tour") and page.locator(".stage.touring").count() == 0
