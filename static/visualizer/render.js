@@ -309,7 +309,8 @@ function drawStream(run) {
   const itls = run.clientItls;
   if (itls.length) {
     const mean = itls.reduce((a, b) => a + b, 0) / itls.length;
-    field("stream", "rate").textContent = `${run.tokenArrivals.length} tokens · ${(1000 / mean).toFixed(1)} tokens/s in the browser`;
+    const end = run.finished?.finish_reason === "stop" ? " (the end-of-sequence token has none: the answer's count includes it)" : "";
+    field("stream", "rate").textContent = `${run.tokenArrivals.length} tokens with text${end} · ${(1000 / mean).toFixed(1)} tokens/s in the browser`;
   }
   if (!due(run, "stream")) return;
   itlChart ??= new ItlChart(field("stream", "itl-chart"));

@@ -129,7 +129,9 @@ const STEPS = [
         `Each further token (inter-token latency, ITL) = one decode step ${ms(itl.decode)} + sampling ${ms(itl.sampling)} + ` +
         `network ${ms(itl.network)} ≈ ${ms(itl.client)}, the median gap your browser measured` +
         (run.request.step ? " (here the network part includes the page's “next” message: the tour runs in step mode)." : ".");
-      return `${ttft}${each} The answer: ${run.finished.completion_tokens} tokens, ${JSON.stringify(run.finished.text)}.`;
+      const n = run.finished.completion_tokens;
+      const counted = run.finished.finish_reason === "stop" ? `${n} tokens counting the end-of-sequence token (${n - 1} with text)` : `${n} tokens`;
+      return `${ttft}${each} The answer: ${counted}, ${JSON.stringify(run.finished.text)}.`;
     },
   },
 ];

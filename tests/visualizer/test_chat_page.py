@@ -423,6 +423,10 @@ def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(
     assert answer(page) == "The capital of India is New Delhi."
     assert "[1780, 506, 260, 3575, 282, 3089, 47]" in said[2] and "27 tokens" in said[3] and "“The”" in said[5]
     assert "the system prompt" in said[0] and "earlier message" not in said[0]  # a fresh chat: no earlier turns
+    # one count everywhere, said once: 9 tokens with the end-of-sequence token, 8 of them with text
+    assert "9 tokens counting the end-of-sequence token (8 with text)" in said[-1]
+    assert page.inner_text('#stage-stream [data-field="rate"]').startswith("8 tokens with text (the end-of-sequence")
+    assert "9 tokens" in page.locator(".bubble.assistant .stats").last.inner_text()
     screenshot(page, "tour-live-end")
     page.click("#tour [data-tour=end]")
     assert page.is_hidden("#tour") and page.locator(".stage.touring").count() == 0
