@@ -35,19 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from page_actions import CHROMIUM, FLAGS  # noqa: E402  (tests/: the browser as the tests drive it)
+
 from benchmarks.bench_serving import roundtrip_server  # noqa: E402
 from benchmarks.lean_stream import post_lines_blocking  # noqa: E402
 
-CHROMIUM = os.environ.get("ROUNDTRIP_CHROMIUM", "/usr/bin/chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 PROMPT = "Write a long, detailed story about a lighthouse keeper and the storm that changed her life."
 SYSTEM = "You are a helpful assistant."
 END_OF_TURN = 2  # SmolLM2's <|im_end|>: banned so that every answer runs to max_tokens

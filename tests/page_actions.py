@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+# Debian's Chromium, headless, as the browser tests and the page benchmark drive it (never `playwright install`).
+CHROMIUM = os.environ.get("ROUNDTRIP_CHROMIUM", "/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def settings(page: Any, **fields: str) -> None:

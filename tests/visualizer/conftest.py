@@ -19,7 +19,7 @@ from django.test import override_settings
 from inprocess import worker_ready
 from load_settings import CPU
 from loops import run_async
-from page_actions import open_page
+from page_actions import CHROMIUM, FLAGS, open_page
 
 from visualizer.routing import websocket_urlpatterns
 from webapp.catalog import ModelRoute
@@ -27,16 +27,6 @@ from webapp.worker.service import serve
 
 APP = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 
-CHROMIUM = os.environ.get("ROUNDTRIP_CHROMIUM", "/usr/bin/chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 

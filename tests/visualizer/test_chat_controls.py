@@ -39,12 +39,17 @@ def reload(page: Any) -> None:
     page.wait_for_selector("#bubbles .bubble", timeout=15000)
 
 
+def greedy_answer(page: Any, question: str, max_tokens: int) -> None:
+    """SmolLM2's greedy answer to `question`, at most `max_tokens` long: the same text every run."""
+    page.check("#greedy")
+    settings(page, max_tokens=str(max_tokens))
+    ask(page, question, model=SMOLLM2)
+    wait_done(page)
+
+
 def test_a_markdown_answer_renders_as_a_list_with_bold_text(chat_page: Any, screenshot: Any) -> None:
     page = chat_page
-    page.check("#greedy")
-    settings(page, max_tokens="120")
-    ask(page, "Give me three tips for sleeping better.", model=SMOLLM2)
-    wait_done(page)
+    greedy_answer(page, "Give me three tips for sleeping better.", 120)
     bubble = page.locator(".bubble.assistant").last
     assert bubble.locator(".answer ol > li").count() >= 2  # "1. **Avoiding Caffeine…**" became a list
     assert bubble.locator(".answer li strong").count() >= 2
@@ -58,10 +63,7 @@ def test_a_markdown_answer_renders_as_a_list_with_bold_text(chat_page: Any, scre
 
 def test_a_code_block_is_highlighted_and_its_copy_button_copies_it(chat_page: Any, screenshot: Any) -> None:
     page = chat_page
-    page.check("#greedy")
-    settings(page, max_tokens="110")
-    ask(page, "Write a Python function that checks whether a number is prime.", model=SMOLLM2)
-    wait_done(page)
+    greedy_answer(page, "Write a Python function that checks whether a number is prime.", 110)
     block = page.locator(".bubble.assistant .code-block").first
     assert block.locator(".code-lang").inner_text() == "python"
     assert block.locator("code.hljs .hljs-keyword").count() >= 2  # def, if, return … coloured
