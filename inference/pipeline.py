@@ -140,6 +140,9 @@ class ChatPipeline:
             c.n_layers,
             c.n_heads,
             c.n_kv_heads,
+            dim=c.dim,
+            ffn_dim=c.ffn_dim,
+            vocab_size=c.vocab_size,
         )
         return SequenceRequest(
             request_id,

@@ -79,6 +79,9 @@ class ContextBuilt:
     n_heads: int
     n_kv_heads: int  # key/value heads: n_heads / n_kv_heads query heads share each
     cached_tokens: int = 0  # positions 0..cached_tokens-1 came from the prefix cache, not a forward pass
+    dim: int = 0  # the width of the residual stream: the numbers each token is carried as
+    ffn_dim: int = 0  # feed-forward neurons per layer
+    vocab_size: int = 0  # tokens the output head scores
 
 
 @dataclass(frozen=True)

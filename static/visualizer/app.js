@@ -3,11 +3,12 @@
 import { Chat } from "./chat.js";
 import { ConversationList } from "./conversations.js";
 import { el } from "./dom.js";
+import { defineTerms } from "./glossary.js";
 import { Layout } from "./layout.js";
 import { copyCodeButtons } from "./markdown.js";
 import { Player } from "./player.js";
 import { recall, remember } from "./prefs.js";
-import { drawRun, inspectionView, tokenDetail } from "./render.js";
+import { drawRun, inspectionView, moveCursor, tokenDetail } from "./render.js";
 import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
 import { PipelineStrip } from "./strip.js";
@@ -15,6 +16,7 @@ import { Tour } from "./tour.js";
 import { showResampled, whatIfPanel } from "./what_if.js";
 
 const $ = (id) => document.getElementById(id);
+defineTerms();
 const state = { run: null, lastRun: null, imported: null, released: null, asking: false, inspecting: null, resampling: false };
 
 // --- what is on screen -------------------------------------------------------------------------------------------
@@ -285,6 +287,7 @@ $("bubbles").addEventListener("click", (event) => {
   const run = token && chat.view.answerOf(token)?.run;
   if (!run) return;
   const step = Number(token.dataset.step);
+  moveCursor(run, step); // the pipeline's token stages go to it too
   const more = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
   more.addEventListener("click", () => inspectToken(run, step, more));
   const whatIf = run.tokenized ? whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }, (text) => {

@@ -6,6 +6,7 @@
 // (the page's socket sends it) and comes back as "roundtrip:prompt-attention".
 import { el, field } from "./dom.js";
 import { attentionCell, drawHeads, groupSize, headLabel, positionLabel, queryPosition } from "./attention.js";
+import { AttentionFinder } from "./attention_finder.js";
 import { HeadView } from "./head_view.js";
 import { Heatmap } from "./heatmap.js";
 
@@ -33,10 +34,18 @@ export class AttentionView {
     field("forward", "matrix-full").onclick = () => this.askPromptRows();
     document.addEventListener("roundtrip:prompt-attention", (event) => this.receivePromptRows(event.detail));
     field("forward", "query-pick").onchange = (event) => this.pickQuery(event.target.value === "" ? null : Number(event.target.value));
+    this.finder = new AttentionFinder((layer, head, position) => {
+      field("forward", "layer-pick").value = String(layer);
+      field("forward", "head-pick").value = String(head);
+      field("forward", "group-pick").checked = false;
+      this.pickQuery(position);
+    });
   }
 
-  update(run) {
+  // `shown`: the forward the page's token cursor is on, the query while none is picked here.
+  update(run, shown = null) {
     this.run = run;
+    this.shown = shown?.detail ? shown : null;
     this.rows = run.forwards.filter((f) => f.detail);
     const [layers, heads] = this.rows[this.rows.length - 1].detail.attention.shape;
     field("forward", "layer-pick").max = String(layers - 1);
@@ -46,12 +55,13 @@ export class AttentionView {
       headPick.replaceChildren(...Array.from({ length: heads }, (_, h) => el("option", { value: String(h) }, headLabel(h, group).title)));
     }
     const queryPick = field("forward", "query-pick");
-    if (!queryPick.options.length) queryPick.append(el("option", { value: "" }, "the newest token (follows the answer)"));
+    if (!queryPick.options.length) queryPick.append(el("option", { value: "" }, "the token the cursor is on"));
     queryPick.append(...this.rows.slice(queryPick.options.length - 1).map((f) => {
       const p = queryPosition(f);
       return el("option", { value: String(p) }, `${positionLabel(run, p).label} · position ${p}`);
     }));
     queryPick.value = this.query === null ? "" : String(this.query);
+    this.finder.update(run, this.rows, this.selected());
     this.paint(!run.done);
   }
 
@@ -92,7 +102,7 @@ export class AttentionView {
   }
 
   selected() {
-    return this.rows.find((f) => queryPosition(f) === this.query) ?? this.rows[this.rows.length - 1];
+    return this.rows.find((f) => queryPosition(f) === this.query) ?? this.shown ?? this.rows[this.rows.length - 1];
   }
 
   // `streaming`: the token × token matrix, which grows with every token, is redrawn at most every MATRIX_MS.
@@ -108,6 +118,7 @@ export class AttentionView {
     field("forward", "layer-label").textContent =
       `layer ${layer} of ${layers - 1} · ${heads} heads over ${attention.shape[2]} positions · query “${query.label}” at position ${query.position}`;
     drawHeads(this.heads, run, attention, layer);
+    this.saySink(attention, layer, head);
     const shown = field("forward", "group-pick").checked ? Array.from({ length: group }, (_, k) => Math.floor(head / group) * group + k) : [head];
     this.headView.draw({
       tokens: attention.positions.map((p) => positionLabel(run, p)),
@@ -122,6 +133,18 @@ export class AttentionView {
     }
     this.drawOverview(attention);
     this.onPaint(forward, layer);
+  }
+
+  // A head that puts most of its weight on position 0 is parking it there (an attention sink): said, so that a
+  // heatmap bright only at the first token is not read as the model finding that token important.
+  saySink(attention, layer, head) {
+    const line = field("forward", "sink");
+    const first = attention.positions[0] === 0 ? attentionCell(attention, layer, head, 0).weight : 0;
+    line.hidden = first < 0.5;
+    if (line.hidden) return;
+    const token = positionLabel(this.run, 0).label;
+    line.textContent = `Head ${head} of layer ${layer} puts ${(first * 100).toFixed(0)}% of its weight on position 0 (“${token}”): an attention sink, ` +
+      "where heads park their attention when nothing else is relevant to them; it carries little information. Try another head, or the finder above.";
   }
 
   // The chosen head across the run: rows are query tokens, columns every position any of them saw. With the prompt's

@@ -13,6 +13,12 @@ export class Layout {
     const drawer = document.getElementById("sidebar-toggle");
     drawer.addEventListener("click", () => this.setDrawer(!document.body.classList.contains("drawer-open")));
     document.getElementById("sidebar-close").addEventListener("click", () => this.setDrawer(false));
+    // The forward pass's "More" parts stay as the visitor left them (the plain view is what a first visit sees).
+    for (const more of document.querySelectorAll("details[data-more]")) {
+      const name = `more.${more.dataset.more}`;
+      more.open = recall(name) === "open";
+      more.addEventListener("toggle", () => remember(name, more.open ? "open" : "closed"));
+    }
   }
 
   get open() {

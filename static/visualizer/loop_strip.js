@@ -32,6 +32,21 @@ export class LoopStrip {
     if (run.finished?.finish_reason === "length") this.end.textContent = `stopped after ${run.finished.completion_tokens} tokens: max_tokens reached before an end-of-sequence token`;
   }
 
+  // Marks the row of the token the page's cursor is on, scrolled into the strip's view; a click on a row moves it.
+  mark(step, move, scroll) {
+    this.list.onclick ??= (event) => {
+      const row = event.target.closest("li[data-step]");
+      if (row) move(Number(row.dataset.step));
+    };
+    const row = this.list.querySelector(`li[data-step="${step}"]`);
+    if (!row || row.classList.contains("cursor")) return;
+    this.list.querySelector("li.cursor")?.classList.remove("cursor");
+    row.classList.add("cursor");
+    if (!scroll) return; // following a streaming answer: no layout read per token
+    const top = row.offsetTop - this.list.offsetTop;
+    if (top < this.list.scrollTop || top > this.list.scrollTop + this.list.clientHeight - row.offsetHeight) this.list.scrollTop = top;
+  }
+
   row(n, step, prompt, room) {
     const s = step.sampled;
     const input = el("span", { class: "loop-in", title: `[${prompt} prompt tokens]${this.answer ? ` + ${this.answer}` : ""}` });

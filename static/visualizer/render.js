@@ -1,7 +1,7 @@
 // Draws every stage from a Run. Called on animation frames with the latest state.
 import { clocks } from "./clocks.js";
 import { clock, el, field, hex, light, ms, visible } from "./dom.js";
-import { drawHeads, queryPosition } from "./attention.js";
+import { attentionCell, drawHeads, queryPosition } from "./attention.js";
 import { AttentionView } from "./attention_view.js";
 import { ItlChart, NormChart, StepChart } from "./charts.js";
 import { copyIdsButton } from "./copy_ids.js";
@@ -39,6 +39,27 @@ const fresh = () => ({
 const drawn = fresh();
 let later = () => {}; // asks for another drawing (a chart that was due later)
 
+// The generated token the token stages (forward pass, sampling, loop, detokenization) show: null follows the newest
+// while the answer streams; once it is done they open on the first token (the walkthrough's "The"), unless the
+// visitor moved the scrubber.
+const cursor = { step: null, moved: false };
+const FOLLOWS_CURSOR = ["forward", "sampling", "loop", "detok"];
+
+// The step the token stages show.
+export function shownStep(run) {
+  return Math.min(cursor.step ?? run.lastStep, run.lastStep);
+}
+
+// Moves the token stages to generated token `step` (the scrubber, its arrow keys, a click on a loop row).
+export function moveCursor(run, step) {
+  if (run !== drawn.run || !run.lastStep) return;
+  cursor.step = Math.max(1, Math.min(step, run.lastStep));
+  cursor.moved = true;
+  for (const stage of FOLLOWS_CURSOR) delete drawn.seen[stage];
+  Object.assign(drawn, { forwards: -1, pictured: -1, sampled: -1, detok: -1 });
+  later();
+}
+
 export function resetStages() {
   document.querySelectorAll(".stage").forEach((s) => s.classList.remove("active"));
   document.querySelectorAll(".stage [data-field]").forEach((node) => {
@@ -48,6 +69,7 @@ export function resetStages() {
   document.querySelectorAll(".stage .clock").forEach((c) => (c.textContent = ""));
   document.querySelector('#stage-forward [data-box="full"]').hidden = true;
   Object.assign(drawn, fresh());
+  Object.assign(cursor, { step: null, moved: false });
 }
 
 // The stages, each drawn from the run alone, so any of them can catch up at any time.
@@ -65,7 +87,7 @@ const STAGE_DRAWS = {
   },
   forward: (run) => {
     if (!run.lastForward) return;
-    if (run.forwards.length !== drawn.forwards) drawForward(run);
+    if (run.forwards.length !== drawn.forwards) drawForward(run, shownForward(run));
     drawForwardPictures(run);
   },
   sampling: drawSampling,
@@ -74,6 +96,16 @@ const STAGE_DRAWS = {
   detok: drawDetok,
   latency: drawLatency,
 };
+
+// A "More" part opened: its pictures are drawn again at the size they now have.
+document.addEventListener("toggle", (event) => {
+  const stage = event.target.closest?.(".stage");
+  if (!stage || !event.target.open || !drawn.run) return;
+  delete drawn.seen[stage.dataset.stage];
+  drawn.pictured = -1;
+  drawn.charted = {};
+  later();
+}, true);
 
 // Brings the stages up to date with `run`. While it streams only the stages `shown(name)` says are on screen are
 // drawn; the rest catch up when they come into view, and all of them once the run is done. `again()` is called
@@ -84,6 +116,11 @@ export function drawRun(run, shown = () => true, again = () => {}) {
     resetStages();
     drawn.run = run;
   }
+  if (run.done && !cursor.moved && cursor.step === null && run.steps.get(1)?.sampled) {
+    cursor.step = 1;
+    for (const stage of FOLLOWS_CURSOR) delete drawn.seen[stage];
+  }
+  drawScrubber(run);
   const now = clocks(run);
   for (const [stage, text] of Object.entries(now)) clock(stage, text);
   for (const [stage, draw] of Object.entries(STAGE_DRAWS)) {
@@ -210,14 +247,43 @@ function drawCache(run) {
   line.textContent = `prefix cache: positions 0–${c.cached_tokens - 1} (${c.cached_tokens} of ${c.prompt_tokens}) were reused from an earlier request instead of recomputed${saved}`;
 }
 
-function drawForward(run) {
-  const f = run.lastForward;
+// The forward pass that produced the shown token (the prefill for the first), else the newest.
+function shownForward(run) {
+  return run.steps.get(shownStep(run))?.forward ?? run.lastForward;
+}
+
+// The scrubber over the answer's tokens: where the token stages are, and a way to move them together.
+const scrubber = {
+  box: document.getElementById("token-cursor"),
+  pick: document.getElementById("cursor-pick"),
+  text: document.getElementById("cursor-text"),
+};
+scrubber.pick?.addEventListener("input", () => drawn.run && moveCursor(drawn.run, Number(scrubber.pick.value)));
+scrubber.box?.addEventListener("click", (event) => {
+  const by = Number(event.target.closest("[data-cursor]")?.dataset.cursor);
+  if (by && drawn.run) moveCursor(drawn.run, shownStep(drawn.run) + by);
+});
+
+function drawScrubber(run) {
+  if (!scrubber.box) return;
+  const n = shownStep(run);
+  scrubber.box.hidden = !run.lastStep;
+  if (!run.lastStep) return;
+  if (scrubber.pick.max !== String(run.lastStep)) scrubber.pick.max = String(run.lastStep);
+  if (scrubber.pick.value !== String(n)) scrubber.pick.value = String(n);
+  const s = run.steps.get(n)?.sampled;
+  const text = s ? `token ${n} of ${run.lastStep}: ${JSON.stringify(s.token)} (${(Math.exp(s.logprob) * 100).toFixed(1)}%)${cursor.step === null ? " · following the newest" : ""}` : "";
+  if (scrubber.text.textContent !== text) scrubber.text.textContent = text;
+}
+
+function drawForward(run, f) {
   drawn.forwards = run.forwards.length;
   light("forward");
   field("forward", "step").textContent =
     f.phase === "prefill"
       ? `prefill: ${f.n_tokens} tokens through every layer in one pass`
       : `decode step ${f.step}: 1 token at position ${f.position}, reading ${f.kv_length - 1} cached positions`;
+  drawPlain(run, f);
   drawLayerStack(field("forward", "layers"), f.detail ? f.detail.residual_norms.length - 1 : (run.context?.n_layers ?? 0), f);
   drawRope(field("forward", "rope"), run, queryPosition(f), f.kv_length);
   const contextLength = run.context?.context_length ?? f.kv_length;
@@ -225,6 +291,45 @@ function drawForward(run) {
   field("forward", "kv-text").textContent = `${f.kv_length} positions cached`;
   if (run.accepted?.weights) field("forward", "weights").textContent = `weights: ${run.accepted.weights}`;
   drawBatch(run, f);
+}
+
+// The forward pass in plain words, with this pass's own numbers: what went in, what every layer did to it, what
+// came out. The pictures behind "More" show each part in detail.
+function drawPlain(run, f) {
+  const c = run.context;
+  const n = f.step + 1; // the token this pass produced
+  const fed = f.phase === "prefill" ? `the prompt's ${f.n_tokens} tokens, all in one pass (the prefill)` : `“${tokenAt(run, f.position)?.text ? visible(tokenAt(run, f.position).text) : "?"}”, the answer's latest token, at position ${f.position}`;
+  const width = c?.dim ? `, each carried as a list of ${c.dim.toLocaleString()} numbers` : "";
+  const items = [["in", `In goes ${fed}${width}.`]];
+  const layers = c?.n_layers ?? (f.detail ? f.detail.residual_norms.length - 1 : "every");
+  let link = "";
+  const strongest = f.detail ? strongestLink(run, f.detail.attention) : null;
+  if (strongest) link = ` (in this pass the strongest link: layer ${strongest.layer}, head ${strongest.head} gave ${(strongest.weight * 100).toFixed(0)}% of “${strongest.query}”'s attention to “${strongest.key}”)`;
+  items.push(["layers", `Through ${layers} layers, each twice: attention gathers from the earlier tokens${link}, then the feed-forward half${c?.ffn_dim ? `, ${c.ffn_dim.toLocaleString()} neurons,` : ""} refines the token on its own.`]);
+  const s = run.steps.get(n)?.sampled;
+  const top = s?.detail ? s.detail.candidates.slice(0, 3).map((x) => `“${visible(x.token)}” ${(x.raw_prob * 100).toFixed(1)}%`).join(", ") : null;
+  const vocab = c?.vocab_size ? `each of the ${c.vocab_size.toLocaleString()} tokens it knows` : "every token it knows";
+  items.push(["out", `Out comes a score for ${vocab}, the likeliest next${top ? `: ${top}` : ""}.`]);
+  if (s) items.push(["pick", `Sampling (the next stage) picks token ${n}: ${JSON.stringify(s.token)}.`]);
+  field("forward", "plain").replaceChildren(...items.map(([kind, text]) => el("li", { class: `plain-${kind}` }, text)));
+}
+
+// The pass's strongest attention weight from its query to a key other than position 0 (the sink) and itself.
+function strongestLink(run, attention) {
+  const [layers, heads] = attention.shape;
+  const query = attention.kv_length - 1;
+  let best = null;
+  attention.positions.forEach((p, i) => {
+    if (p === 0 || p === query) return;
+    for (let layer = 0; layer < layers; layer++) {
+      for (let head = 0; head < heads; head++) {
+        const weight = attentionCell(attention, layer, head, i).weight;
+        if (!best || weight > best.weight) best = { layer, head, weight, key: p };
+      }
+    }
+  });
+  if (!best) return null;
+  return { ...best, query: visible(tokenAt(run, query)?.text ?? "?"), key: visible(tokenAt(run, best.key)?.text ?? "?") };
 }
 
 // The step timeline and, at full detail, the attention, feed-forward and norm pictures: redrawn when due.
@@ -238,8 +343,8 @@ function drawForwardPictures(run) {
     stepChart ??= new StepChart(field("forward", "steps"));
     stepChart.update([...run.batches.values()]);
   }
-  const detail = run.lastForward.detail;
-  if (detail) drawFull(run, detail);
+  const forward = shownForward(run);
+  if (forward.detail) drawFull(run, forward);
 }
 
 // The engine runs every active request in one batched forward per step: with whom this one ran, and the timeline.
@@ -252,22 +357,23 @@ function drawBatch(run, f) {
     `${b.batch_size} sequence${b.batch_size === 1 ? "" : "s"}, ${b.prefill_tokens} prompt + ${b.decode_tokens} decode tokens in one forward of ${ms(b.duration * 1000)}`;
 }
 
-function drawFull(run, detail) {
+function drawFull(run, forward) {
   document.querySelector('#stage-forward [data-box="full"]').hidden = false;
   drawn.feedForward ??= new FeedForwardView();
   drawn.attention ??= new AttentionView((forward, layer) => {
     drawn.feedForward.draw(run, forward, layer);
     drawRope(field("forward", "rope"), run, queryPosition(forward), forward.kv_length); // the token the views show
   });
-  drawn.attention.update(run);
+  drawn.attention.update(run, forward);
   normChart ??= new NormChart(field("forward", "norms"));
-  normChart.update(detail.residual_norms);
+  normChart.update(forward.detail.residual_norms);
 }
 
 function drawSampling(run) {
-  const s = run.lastSampled;
-  if (!s || drawn.sampled === run.lastStep) return;
-  drawn.sampled = run.lastStep;
+  const n = shownStep(run);
+  const s = run.steps.get(n)?.sampled;
+  if (!s || drawn.sampled === n) return;
+  drawn.sampled = n;
   light("sampling");
   const bars = field("sampling", "bars");
   const d = s.detail;
@@ -296,6 +402,7 @@ function drawLoop(run) {
   light("loop");
   drawn.loop ??= new LoopStrip(field("loop", "strip"));
   drawn.loop.update(run); // says why the loop ended when max_tokens cut it
+  drawn.loop.mark(shownStep(run), (step) => moveCursor(run, step), cursor.step !== null);
 }
 
 function drawStream(run) {
@@ -320,15 +427,17 @@ function drawStream(run) {
 }
 
 function drawDetok(run) {
-  const t = run.lastText;
-  const s = run.lastSampled;
-  if (!t || !s || drawn.detok === run.lastStep) return;
-  drawn.detok = run.lastStep;
+  const n = shownStep(run);
+  const step = run.steps.get(n);
+  const s = step?.sampled;
+  const t = step?.text;
+  if (!s || (!t && !s.is_stop) || drawn.detok === n) return;
+  drawn.detok = n;
   light("detok");
-  field("detok", "bytes").textContent = `${hex(s.bytes)}  (token ${JSON.stringify(s.token)})`;
-  field("detok", "pending").textContent = t.pending_bytes.length ? hex(t.pending_bytes) : "none";
-  field("detok", "held").textContent = t.held_text ? JSON.stringify(t.held_text) : "none";
-  field("detok", "appended").textContent = JSON.stringify(t.text);
+  field("detok", "bytes").textContent = `${hex(s.bytes)}  (token ${n}, ${JSON.stringify(s.token)})`;
+  field("detok", "pending").textContent = t?.pending_bytes.length ? hex(t.pending_bytes) : "none";
+  field("detok", "held").textContent = t?.held_text ? JSON.stringify(t.held_text) : "none";
+  field("detok", "appended").textContent = t ? JSON.stringify(t.text) : "none: the end-of-sequence token ends the answer and adds no text";
 }
 
 function drawLatency(run) {

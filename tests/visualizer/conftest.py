@@ -51,9 +51,15 @@ def browser(daphne_server: Any) -> Iterator[Any]:
         os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
-# What the pipeline tests want of the page: the pipeline open, answers shown as their exact tokens, greedy sampling.
+# What the pipeline tests want of the page: the pipeline open with every "More" part of the forward pass, answers
+# shown as their exact tokens, greedy sampling.
 # A visitor's first visit has none of these (`chat_page`).
-STUDENT = {"pipeline": "open", "answer-view": "tokens", "greedy": "yes"}
+STUDENT = {
+    "pipeline": "open",
+    "answer-view": "tokens",
+    "greedy": "yes",
+    **{f"more.{part}": "open" for part in ("cache", "attention", "halves", "server")},
+}
 
 
 @pytest.fixture

@@ -93,6 +93,9 @@ def context(event: trace.ContextBuilt, tokenizer: BPETokenizer) -> wire.ContextB
         n_heads=event.n_heads,
         n_kv_heads=event.n_kv_heads,
         cached_tokens=event.cached_tokens,
+        dim=event.dim,
+        ffn_dim=event.ffn_dim,
+        vocab_size=event.vocab_size,
     )
 
 

@@ -167,6 +167,9 @@ class ContextBuilt(Event, tag="context"):
     n_heads: int
     n_kv_heads: int
     cached_tokens: int = 0
+    dim: int = 0  # 0: a recording made before the event carried the model's width
+    ffn_dim: int = 0
+    vocab_size: int = 0
 
 
 class BatchStep(Event, tag="batch"):
