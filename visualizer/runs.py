@@ -2,7 +2,8 @@
 
 Frames, in order: "request" (the JSON as the server received it), "gateway" (each check
 with its time, the rate-limit bucket before and after, the model), "accepted" (with the worker that took it),
-"waiting" while the batch is full (how many requests are ahead), one "trace" per event, "usage" (the
+"waiting" while the batch is full (how many requests are ahead), one "trace" per event, "sse" (the bytes an API
+client would have received for the same answer: `api_replay`), "usage" (the
 usage-log row), "done" (with where the turn was kept: the conversation, the question's id and the stored answer); or
 an "error" frame instead. A turn that finished or was stopped is kept (a stopped one with the text it had).
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from visualizer.api_replay import SseReplay
 from visualizer.conversations import Outcome, Owner, Placement, file_turn
 from visualizer.frames import ChatFrame
 from webapp.api.protocol import ChatCompletionRequest, parse
@@ -107,6 +109,7 @@ class Run:
                 continue_final=request.continue_final_message,
             )
             yield accepted_frame(self.generation.accepted)
+            replay = SseReplay(turn)
             if self.stop_asked:
                 await self.generation.cancel()
             async for message in turn.messages():
@@ -115,7 +118,9 @@ class Run:
                 else:
                     if message.index == 0 and isinstance(message.event, wire.TextDelta):
                         answered += message.event.text
+                    replay.feed(message.event)
                     yield {"type": "trace", "event": message.event}
+            yield {"type": "sse", "body": replay.body()}
         except asyncio.CancelledError as exc:  # the socket closed: nothing may keep running (or stay paused)
             turn.fail(exc)
             record = await turn.settle()

@@ -151,6 +151,14 @@ function drawRequest(run) {
   if (json.textContent) return;
   light("request");
   json.textContent = JSON.stringify(run.request, null, 2);
+  field("request", "api").textContent = `POST /v1/chat/completions\nAuthorization: Bearer <your key>\n\n${JSON.stringify(apiRequest(run.request), null, 2)}`;
+}
+
+// The page's chat message as the API takes it: the same model, messages and sampling fields, streamed, with the usage
+// chunk at the end (the page's own options, level and step, are the page's).
+export function apiRequest(request) {
+  const more = request.continue_final_message ? { continue_final_message: true } : {};
+  return { model: request.model, messages: request.messages, ...request.params, ...more, stream: true, stream_options: { include_usage: true } };
 }
 
 function drawGateway(run) {
@@ -419,6 +427,8 @@ function drawStream(run) {
     const end = run.finished?.finish_reason === "stop" ? " (the end-of-sequence token has none: the answer's count includes it)" : "";
     field("stream", "rate").textContent = `${run.tokenArrivals.length} tokens with text${end} · ${(1000 / mean).toFixed(1)} tokens/s in the browser`;
   }
+  const sse = field("stream", "sse");
+  if (run.sse && !sse.textContent) sse.textContent = run.sse;
   if (!due(run, "stream")) return;
   itlChart ??= new ItlChart(field("stream", "itl-chart"));
   const serverTimes = run.finished?.timings.token_times ?? [];

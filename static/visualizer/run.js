@@ -14,6 +14,7 @@ export class Run {
     this.steps = new Map(); // step -> {sampled, text, forward, arrivedAt}
     this.text = "";
     this.usage = null;
+    this.sse = null;
     this.finished = null;
     this.error = null;
     this.done = false;
@@ -36,6 +37,7 @@ export class Run {
       case "accepted": this.accepted = frame; break;
       case "waiting": this.waiting = frame.ahead; break;
       case "usage": this.usage = frame; break;
+      case "sse": this.sse = frame.body; break; // what an API client would have received for this answer
       case "error": this.error = frame; break;
       case "done": this.done = true; break;
       case "trace": this.applyEvent(frame.event, at); break;

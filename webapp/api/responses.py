@@ -66,59 +66,67 @@ async def guarded_sse(turn: Turn, events: AsyncIterator[bytes]) -> AsyncIterator
         await turn.settle()
 
 
-def chat_stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> AsyncIterator[bytes]:
-    """Chat chunks exactly as OpenAI's clients read them: per choice, the role chunk with its first output, content
-    and tool_calls deltas, then its finish chunk; the usage chunk last when asked for."""
-    created = int(time.time())
-    started: set[int] = set()
+class ChatChunks:
+    """Chat chunks exactly as OpenAI's clients read them, one choice's piece at a time: per choice, the role chunk with
+    its first output, content and tool_calls deltas, then its finish chunk; the usage chunk last when asked for. The
+    API streams them; the page replays a turn's events through the same chunker to show what a client received."""
 
-    def opened(choice: Choice) -> list[bytes]:
-        if choice.index in started:
+    def __init__(self, turn: Turn, logprobs: bool, include_usage: bool, continuous_usage: bool = False) -> None:
+        self.turn = turn
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.created = int(time.time())
+        self.started: set[int] = set()
+        self.done: set[int] = set()
+
+    def _opened(self, choice: Choice) -> list[bytes]:
+        if choice.index in self.started:
             return []
-        started.add(choice.index)
-        return [
-            sse(
-                chunk(
-                    turn,
-                    created,
-                    {"role": "assistant", "content": ""},
-                    logprobs=[] if body.logprobs else None,
-                    index=choice.index,
-                )
-            )
-        ]
+        self.started.add(choice.index)
+        delta = {"role": "assistant", "content": ""}
+        logprobs = [] if self.logprobs else None
+        return [sse(chunk(self.turn, self.created, delta, logprobs=logprobs, index=choice.index))]
+
+    def feed(self, choice: Choice, piece: Piece | None) -> list[bytes]:
+        """The events for what one choice has to send now (`Choice.feed`'s piece, None when nothing)."""
+        turn, created, out = self.turn, self.created, []
+        if piece is not None:
+            out += self._opened(choice)
+            if piece.text or piece.logprobs:
+                logprobs = piece.logprobs if self.logprobs else None
+                content = chunk(turn, created, {"content": piece.text}, logprobs=logprobs, index=choice.index)
+                if self.continuous_usage:
+                    content["usage"] = turn.usage.as_openai()  # the running counts, as vLLM sends them
+                out.append(sse(content))
+            if piece.calls:
+                delta = {"tool_calls": [d.as_delta() for d in piece.calls]}
+                out.append(sse(chunk(turn, created, delta, index=choice.index)))
+        if choice.finished is not None and choice.index not in self.done:
+            self.done.add(choice.index)
+            out += self._opened(choice)
+            last = chunk(turn, created, {}, choice.finish_reason, index=choice.index, roundtrip_timings=timings(turn))
+            out.append(sse(last))
+        return out
+
+    def end(self) -> list[bytes]:
+        """After every choice: the usage chunk, when asked for."""
+        if not self.include_usage:
+            return []
+        return [sse(chunk(self.turn, self.created, {}) | {"choices": [], "usage": self.turn.usage.as_openai()})]
+
+
+def chat_stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> AsyncIterator[bytes]:
+    """The chat SSE stream of a turn (`ChatChunks`), guarded to always end."""
+    chunks = ChatChunks(turn, bool(body.logprobs), body.include_usage, body.continuous_usage)
 
     async def events() -> AsyncIterator[bytes]:
         async for choice, piece in choice_events(turn, choices):
-            if piece is not None:
-                for out in opened(choice):
-                    yield out
-                if piece.text or piece.logprobs:
-                    content = chunk(
-                        turn,
-                        created,
-                        {"content": piece.text},
-                        logprobs=piece.logprobs if body.logprobs else None,
-                        index=choice.index,
-                    )
-                    if body.continuous_usage:
-                        content["usage"] = turn.usage.as_openai()  # the running counts, as vLLM sends them
-                    yield sse(content)
-                if piece.calls:
-                    yield sse(
-                        chunk(turn, created, {"tool_calls": [d.as_delta() for d in piece.calls]}, index=choice.index)
-                    )
-            if choice.finished is not None and choice.index not in done:
-                done.add(choice.index)
-                for out in opened(choice):
-                    yield out
-                yield sse(
-                    chunk(turn, created, {}, choice.finish_reason, index=choice.index, roundtrip_timings=timings(turn))
-                )
-        if body.include_usage:
-            yield sse(chunk(turn, created, {}) | {"choices": [], "usage": turn.usage.as_openai()})
+            for out in chunks.feed(choice, piece):
+                yield out
+        for out in chunks.end():
+            yield out
 
-    done: set[int] = set()
     return guarded_sse(turn, events())
 
 
