@@ -80,6 +80,8 @@ class BPETokenizer:
         self._tk.decoder = decoders.ByteLevel()
         self.vocab_size = len(data.tokens)
         self.pieces = data.tokens
+        self.merges = data.merges  # "left right" per line, best first (`bpe_merges` replays them)
+        self._ids = vocab
         self.special_ids: dict[str, int] = {
             tok: i for i, (tok, kind) in enumerate(zip(data.tokens, data.token_types)) if kind == CONTROL_TOKEN_TYPE
         }
@@ -94,6 +96,14 @@ class BPETokenizer:
         """Plain-text encoding: special-token text stays ordinary characters."""
         enc = self._tk.encode(text, add_special_tokens=False)
         return Encoding(ids=list(enc.ids), tokens=[self.token_text(i) for i in enc.ids], spans=list(enc.offsets))
+
+    def pre_tokenize(self, text: str) -> list[str]:
+        """The pieces BPE works on, each in the byte-level alphabet (a leading space is "Ġ")."""
+        return [piece for piece, _ in self._tk.pre_tokenizer.pre_tokenize_str(text)]
+
+    def token_id(self, piece: str) -> int:
+        """The id of a vocabulary entry, written in the byte-level alphabet."""
+        return self._ids[piece]
 
     def token_text(self, token_id: int) -> str:
         """A readable form of one token: control tokens by name, partial UTF-8 as \\x escapes."""

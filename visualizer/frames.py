@@ -70,6 +70,14 @@ class InspectFrame(StrictModel):
     step: int | None = None  # echoed, so the page knows which step the answer is about
 
 
+class MergesFrame(StrictModel):
+    """{"type": "merges", "model", "text"}: how BPE builds the tokens of a word (or a few), merge by merge."""
+
+    type: Literal["merges"]
+    model: ModelName = "default"
+    text: Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class PromptAttentionFrame(StrictModel):
     """{"type": "prompt_attention", "model", "ids", "layer"}: one layer's whole token x token matrix."""
 

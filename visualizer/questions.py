@@ -2,9 +2,11 @@
 
 "inspect": the full-level detail (attention, norms, logit lens) of one token, recomputed.
 "prompt_attention": the prefill's full token x token attention at one layer (a live trace keeps one row per pass).
+"merges": how BPE builds a word's tokens from its bytes, merge by merge, from the tokenizer's table.
 "resample": what if that step had been drawn with other settings — the step's real logits, recomputed from
 the tokens before it, through the sampler with the new temperature, top-k, top-p, min-p or penalties.
-Each answers with one frame ("inspection" / "prompt_attention" / "resampled", or "error") and leaves one usage row.
+Each answers with one frame ("inspection" / "prompt_attention" / "merges" / "resampled", or "error") and leaves one
+usage row.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from visualizer.frames import InspectFrame, PromptAttentionFrame, ResampleFrame
+from visualizer.frames import InspectFrame, MergesFrame, PromptAttentionFrame, ResampleFrame
 from visualizer.runs import Visitor, error_frame
 from webapp.api.protocol import parse
 from webapp.catalog import ModelRoute
@@ -50,6 +52,18 @@ async def inspect(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
         return {"type": "inspection", "step": asked.step, "detail": detail}
 
     return await _ask(visitor, "ws.inspect", frame.get("model"), work)
+
+
+async def merges(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
+    """The BPE merges behind a word's tokens, from the model's own merge table."""
+
+    async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
+        asked: MergesFrame = parse(MergesFrame, frame)
+        pieces = await client.merges(route, asked.text)
+        turn.usage.prompt_tokens = sum(len(p.ids) for p in pieces)
+        return {"type": "merges", "text": asked.text, "pieces": pieces}
+
+    return await _ask(visitor, "ws.merges", frame.get("model"), work)
 
 
 async def prompt_attention(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,11 @@ const socket = new PipelineSocket("/ws/pipeline/", {
       document.dispatchEvent(new CustomEvent("roundtrip:prompt-attention", { detail: frame }));
       return;
     }
+    if (frame.type === "merges" || (frame.type === "error" && state.merging)) {
+      state.merging = false;
+      document.dispatchEvent(new CustomEvent("roundtrip:merges", { detail: frame }));
+      return;
+    }
     if (frame.type === "resampled" || (frame.type === "error" && state.resampling)) {
       state.resampling = false;
       showResampled(frame);
@@ -89,7 +94,8 @@ const socket = new PipelineSocket("/ws/pipeline/", {
   },
 });
 document.addEventListener("roundtrip:ask", (event) => { // a view asks the worker something about the shown run
-  state.asking = true;
+  if (event.detail.type === "merges") state.merging = true;
+  else state.asking = true;
   socket.send(event.detail);
 });
 

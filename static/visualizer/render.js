@@ -1,4 +1,5 @@
 // Draws every stage from a Run. Called on animation frames with the latest state.
+import { BpeView } from "./bpe_view.js";
 import { clocks } from "./clocks.js";
 import { clock, el, field, hex, light, ms, visible } from "./dom.js";
 import { attentionCell, drawHeads, queryPosition } from "./attention.js";
@@ -18,6 +19,7 @@ const STREAM_ROWS = 40; // the newest frames listed in the streaming stage
 let itlChart = null;
 let normChart = null;
 let stepChart = null;
+let bpeView = null;
 const CHART_MS = 250; // charts and the full-detail pictures follow a streaming answer at most this often
 // What this run has drawn so far; the widgets live in stage fields that resetStages empties, so they go with it.
 const fresh = () => ({
@@ -209,6 +211,8 @@ function drawTokens(run) {
     chips.append(chip);
   }
   roving(chips);
+  bpeView ??= new BpeView(); // one for the page: it listens for the worker's answers
+  bpeView.update(run, message);
   const count = message.token_end - message.token_start;
   field("tokens", "count").replaceChildren(
     document.createTextNode(`${count} tokens in your message · ${ids.length} in the whole prompt `),

@@ -344,6 +344,11 @@ async def detokenize(route: ModelRoute, ids: list[int]) -> str:
     return (await _ask(route, wire.Detokenize, wire.Detokenized, ids=ids)).text
 
 
+async def merges(route: ModelRoute, text: str) -> list[wire.PieceMerges]:
+    """The BPE merges that build the tokens of `text`, by the worker's tokenizer."""
+    return (await _ask(route, wire.Merges, wire.MergeSteps, text=text)).pieces
+
+
 async def inspect(route: ModelRoute, ids: list[int]) -> wire.LayerDetail:
     """Full-level detail (attention, norms, logit lens) for the last of `ids`, recomputed by the worker."""
     return (await _ask(route, wire.Inspect, wire.Inspection, ids=ids)).detail

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from inference import what_if
+from inference.bpe_merges import merge_steps
 from inference.chat_template import Message
 from inference.errors import InvalidRequestError
 from inference.loader import LoadedModel
@@ -50,6 +51,20 @@ def detokenize(loaded: LoadedModel, question: wire.Detokenize) -> wire.Detokeniz
     return wire.Detokenized(
         request_id=question.request_id, text=loaded.tokenizer.decode(question.ids, control_text=True)
     )
+
+
+def merges(loaded: LoadedModel, question: wire.Merges) -> wire.MergeSteps:
+    """The merges that turn each piece of the text into its tokens."""
+    pieces = [
+        wire.PieceMerges(
+            text=p.text,
+            start=p.start,
+            merges=[wire.MergeStep(rank=m.rank, pair=m.pair, symbols=m.symbols) for m in p.merges],
+            ids=p.ids,
+        )
+        for p in merge_steps(loaded.tokenizer, question.text)
+    ]
+    return wire.MergeSteps(request_id=question.request_id, pieces=pieces)
 
 
 def inspect(loaded: LoadedModel, question: wire.Inspect) -> wire.Inspection:
@@ -108,6 +123,7 @@ class Handler:
 HANDLERS: dict[type[wire.OneShot], Handler] = {
     wire.Tokenize: Handler(tokenize, needs_model=False),
     wire.Detokenize: Handler(detokenize, needs_model=False),
+    wire.Merges: Handler(merges, needs_model=False),
     wire.Inspect: Handler(inspect, needs_model=True),
     wire.PromptAttention: Handler(prompt_attention, needs_model=True),
     wire.Resample: Handler(resample, needs_model=True),

@@ -292,6 +292,12 @@ class Resample(Question, tag="resample"):
     params: SamplingParams
 
 
+class Merges(Question, tag="merges"):
+    """How BPE builds the tokens of `text` from its bytes, merge by merge (the tokenizer's own table)."""
+
+    text: str
+
+
 class Cancel(Request, tag="cancel"):
     pass
 
@@ -300,7 +306,7 @@ class Next(Request, tag="next"):
     pass
 
 
-OneShot = Tokenize | Detokenize | Inspect | PromptAttention | Resample
+OneShot = Tokenize | Detokenize | Inspect | PromptAttention | Resample | Merges
 AnyRequest = Generate | OneShot | Cancel | Next
 
 
@@ -380,6 +386,23 @@ class Resampled(Reply, tag="resampled"):
     event: Sampled  # drawn as the page draws a live one
 
 
+class MergeStep(Wire):
+    rank: int  # the merge's line in the table: lower merges first
+    pair: tuple[str, str]
+    symbols: list[str]  # the piece after this merge
+
+
+class PieceMerges(Wire):
+    text: str
+    start: list[str]  # the piece's bytes, each a symbol
+    merges: list[MergeStep]
+    ids: list[int]
+
+
+class MergeSteps(Reply, tag="merges"):
+    pieces: list[PieceMerges]
+
+
 AnyReply = (
     Queued
     | Waiting
@@ -392,6 +415,7 @@ AnyReply = (
     | Inspection
     | PromptAttentionMatrix
     | Resampled
+    | MergeSteps
 )
 
 
