@@ -85,7 +85,7 @@ class ChatChunks:
             return []
         self.started.add(choice.index)
         delta = {"role": "assistant", "content": ""}
-        logprobs = [] if self.logprobs else None
+        logprobs: list[dict[str, Any]] | None = [] if self.logprobs else None
         return [sse(chunk(self.turn, self.created, delta, logprobs=logprobs, index=choice.index))]
 
     def feed(self, choice: Choice, piece: Piece | None) -> list[bytes]:
