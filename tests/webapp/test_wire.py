@@ -114,6 +114,7 @@ REQUESTS: list[wire.AnyRequest] = [
     wire.Inspect(**ASKED, ids=[1, 2]),
     wire.PromptAttention(**ASKED, ids=[1, 2], layer=1),
     wire.Resample(**ASKED, prompt_ids=[1, 2], generated=[3], params=PARAMS),
+    wire.Merges(**ASKED, text=" capital"),
     wire.Cancel(request_id="r"),
     wire.Next(request_id="r"),
 ]
@@ -131,6 +132,17 @@ REPLIES: list[wire.AnyReply] = [
     wire.Inspection(request_id="r", detail=DETAIL),
     wire.PromptAttentionMatrix(request_id="r", attention=ATTENTION),
     wire.Resampled(request_id="r", event=SAMPLED),
+    wire.MergeSteps(
+        request_id="r",
+        pieces=[
+            wire.PieceMerges(
+                text=" ab",
+                start=[" ", "a", "b"],
+                merges=[wire.MergeStep(rank=3, pair=("a", "b"), symbols=[" ", "ab"])],
+                ids=[5, 9],
+            )
+        ],
+    ),
 ]
 STATUS = wire.WorkerStatus(
     worker="w",
@@ -172,6 +184,8 @@ def test_every_wire_class_has_an_example_here() -> None:
         TIMINGS,
         *DETAIL.top_neurons[0],
         *STATUS.models.values(),
+        *(piece for reply in REPLIES if isinstance(reply, wire.MergeSteps) for piece in reply.pieces),
+        *(m for reply in REPLIES if isinstance(reply, wire.MergeSteps) for p in reply.pieces for m in p.merges),
     ]
     assert every_wire_class() == {type(example) for example in examples}
 

@@ -115,10 +115,11 @@ def record_usage(
     slot."""
     started = time.perf_counter()
     identity = ctx.identity
+    cost = ctx.route.cost(prompt_tokens, completion_tokens) if ctx.route else 0.0
     for limiter in (ctx.limiter, ctx.address_limiter):
         if limiter is not None:
             limiter.release()
-            limiter.settle(prompt_tokens + completion_tokens)
+            limiter.settle(prompt_tokens + completion_tokens, cost=cost)
     record = UsageRecord.objects.create(
         request_id=ctx.request_id,
         api_key=identity.api_key if identity else None,
@@ -133,6 +134,7 @@ def record_usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cached_tokens=cached_tokens,
+        cost_usd=cost,
         worker=ctx.worker,
         end_user=ctx.end_user[:256],
         ttft_ms=None if ttft is None else ttft * 1000,

@@ -48,7 +48,12 @@ def identify_key(authorization: str | None) -> Identity:
         raise _unauthorized(exc.reason) from None
     key.touch()
     limits = Limits(
-        key.requests_per_minute, key.tokens_per_minute, key.concurrent_streams, key.token_budget, key.budget_period
+        key.requests_per_minute,
+        key.tokens_per_minute,
+        key.concurrent_streams,
+        key.token_budget,
+        key.budget_period,
+        key.spend_budget,
     )
     return Identity("key", f"key:{key.pk}", limits, api_key=key, user_id=key.owner_id)
 

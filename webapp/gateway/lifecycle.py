@@ -173,6 +173,7 @@ class Turn:
             "identity": ctx.identity.label,
             "model": ctx.route.id,
             "channel": ctx.route.work_channel,
+            "prices": {"input_per_million": ctx.route.input_price, "output_per_million": ctx.route.output_price},
             "limits": dataclasses.asdict(ctx.identity.limits),
             "rate": ctx.rate.counted,
             "stages": [{"name": s.name, "ms": s.seconds * 1000, "detail": s.detail} for s in ctx.stages],
@@ -193,6 +194,7 @@ class Turn:
                 "ttft_ms": record.ttft_ms,
                 "total_ms": record.total_ms,
                 "model": record.model,
+                "cost_usd": record.cost_usd,
             },
             "stages": [{"name": s.name, "ms": s.seconds * 1000} for s in self.ctx.stages],
         }

@@ -21,6 +21,7 @@ from webapp.gateway.errors import GatewayError
 
 WINDOW = 60  # seconds
 STREAM_SLOT_TTL = 3600  # a crashed process cannot hold a concurrency slot longer than this
+NANO = 1_000_000_000  # spend is counted in billionths of a dollar: a whole number the cache adds atomically
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Limits:
     concurrent_streams: int = 0
     token_budget: int = 0
     budget_period: str = "day"
+    spend_budget: float = 0.0  # US dollars per budget period, at the models' prices
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Limits:
@@ -41,6 +43,7 @@ class Limits:
             concurrent_streams=int(values.get("concurrent_streams", 0)),
             token_budget=int(values.get("tokens_per_day", values.get("token_budget", 0))),
             budget_period=str(values.get("budget_period", "day")),
+            spend_budget=float(values.get("spend_budget", 0)),
         )
 
 
@@ -133,17 +136,7 @@ class RateLimiter:
                 "rate_limit_exceeded",
                 RateState(lim.requests_per_minute, 0, reset, lim.tokens_per_minute, 0, reset, counted).headers(),
             )
-        if lim.token_budget:
-            label, period_left = _budget_period(lim.budget_period, now)
-            spent = int(cache.get(f"rt:budget:{self.bucket}:{label}", 0))
-            counted["budget_used"] = spent
-            if spent >= lim.token_budget:
-                raise _too_many(
-                    f"Token budget exhausted: {lim.token_budget} tokens per {lim.budget_period}.",
-                    period_left,
-                    "insufficient_quota",
-                    {},
-                )
+        self._check_budgets(now, counted)
         remaining_requests = 0
         if lim.requests_per_minute:
             count = _incr(f"rt:rpm:{self.bucket}:{start}", 1, WINDOW + 5)
@@ -175,6 +168,33 @@ class RateLimiter:
             lim.requests_per_minute, remaining_requests, reset, lim.tokens_per_minute, state_tokens, reset, counted
         )
 
+    def _check_budgets(self, now: float, counted: dict[str, int]) -> None:
+        """429 `insufficient_quota` while the period's token or spend budget is already used up."""
+        lim = self.limits
+        if lim.token_budget:
+            label, period_left = _budget_period(lim.budget_period, now)
+            spent = int(cache.get(f"rt:budget:{self.bucket}:{label}", 0))
+            counted["budget_used"] = spent
+            if spent >= lim.token_budget:
+                raise _too_many(
+                    f"Token budget exhausted: {lim.token_budget} tokens per {lim.budget_period}.",
+                    period_left,
+                    "insufficient_quota",
+                    {},
+                )
+        if lim.spend_budget:
+            label, period_left = _budget_period(lim.budget_period, now)
+            spent = int(cache.get(f"rt:spend:{self.bucket}:{label}", 0))
+            counted["spend_used_nano_usd"] = spent
+            if spent >= lim.spend_budget * NANO:
+                raise _too_many(
+                    f"Spend budget exhausted: ${lim.spend_budget:g} per {lim.budget_period} "
+                    f"(${spent / NANO:.6f} spent at the models' prices).",
+                    period_left,
+                    "insufficient_quota",
+                    {},
+                )
+
     def release(self) -> None:
         """Give back the concurrency slot taken by `admit` (idempotent)."""
         if self._holding_stream:
@@ -182,11 +202,15 @@ class RateLimiter:
             with contextlib.suppress(ValueError):  # the slot counter expired: nothing left to give back
                 cache.decr(f"rt:streams:{self.bucket}")
 
-    def settle(self, tokens: int, now: float | None = None) -> None:
-        """Charge the tokens a finished request used to the minute window and the budget period."""
+    def settle(self, tokens: int, now: float | None = None, cost: float = 0.0) -> None:
+        """Charge the tokens a finished request used (and what they cost, in US dollars) to the minute window and the
+        budget period."""
         if tokens <= 0:
             return
         now = time.time() if now is None else now
+        if self.limits.spend_budget and cost > 0:
+            label, left = _budget_period(self.limits.budget_period, now)
+            _incr(f"rt:spend:{self.bucket}:{label}", round(cost * NANO), int(left) + 3600)
         start, _ = _window(now)
         if self.limits.tokens_per_minute:
             _incr(f"rt:tpm:{self.bucket}:{start}", tokens, WINDOW + 5)

@@ -16,7 +16,17 @@ from webapp.keys.models import ApiKey
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "owner", "is_active", "expires_at", "last_used_at", "tokens_used", "usage_link"]
+    list_display = [
+        "name",
+        "prefix",
+        "owner",
+        "is_active",
+        "expires_at",
+        "last_used_at",
+        "tokens_used",
+        "spent",
+        "usage_link",
+    ]
     list_filter = ["is_active", "budget_period"]
     search_fields = ["name", "prefix", "owner__username"]
     readonly_fields = ["prefix", "created_at", "revoked_at", "last_used_at"]
@@ -32,6 +42,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def tokens_used(self, key: ApiKey) -> int:
         totals = key.usage_records.aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
         return (totals["p"] or 0) + (totals["c"] or 0)
+
+    @admin.display(description="spent (USD)")
+    def spent(self, key: ApiKey) -> float:
+        return round(key.usage_records.aggregate(s=Sum("cost_usd"))["s"] or 0.0, 6)
 
     @admin.display(description="usage")
     def usage_link(self, key: ApiKey) -> str:

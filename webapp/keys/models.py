@@ -52,6 +52,9 @@ class ApiKey(models.Model):
     concurrent_streams = models.PositiveIntegerField(default=4, help_text="0: unlimited")
     token_budget = models.PositiveIntegerField(default=0, help_text="Tokens per budget period; 0: unlimited")
     budget_period = models.CharField(max_length=5, choices=BUDGET_PERIODS, default="day")
+    spend_budget = models.FloatField(
+        default=0, help_text="US dollars per budget period, at the models' prices; 0: unlimited"
+    )
 
     class Meta:
         verbose_name = "API key"

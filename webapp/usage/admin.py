@@ -20,6 +20,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "finish_reason",
         "prompt_tokens",
         "completion_tokens",
+        "cost_usd",
         "ttft_ms",
         "total_ms",
         "client_ip",

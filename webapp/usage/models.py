@@ -28,6 +28,9 @@ class UsageRecord(models.Model):
         default=0, help_text="Prompt tokens whose keys and values came from the prefix cache."
     )
     worker = models.CharField(max_length=100, blank=True, help_text="The inference worker that served the request.")
+    cost_usd = models.FloatField(
+        default=0, help_text="US dollars billed: the tokens at the model's prices per million (ROUNDTRIP_MODELS)."
+    )
     ttft_ms = models.FloatField(null=True, blank=True)
     total_ms = models.FloatField(null=True, blank=True)
     client_ip = models.GenericIPAddressField(null=True, blank=True)

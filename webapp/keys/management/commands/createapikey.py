@@ -25,6 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--concurrent", type=int, help="concurrent streams (0: unlimited)")
         parser.add_argument("--budget", type=int, help="tokens per budget period (0: unlimited)")
         parser.add_argument("--budget-period", choices=["day", "month"])
+        parser.add_argument("--spend", type=float, help="US dollars per budget period, at the models' prices (0: none)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         fields: dict[str, Any] = {}
@@ -43,6 +44,7 @@ class Command(BaseCommand):
             ("concurrent", "concurrent_streams"),
             ("budget", "token_budget"),
             ("budget_period", "budget_period"),
+            ("spend", "spend_budget"),
         ]:
             if opts[option] is not None:
                 fields[field] = opts[option]
