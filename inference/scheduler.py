@@ -140,7 +140,7 @@ class Scheduler:
         """Step mode: let a paused sequence take part in steps again."""
         state = self._known.get(request_id)
         if state is not None:
-            state.paused = False
+            state.resume()
 
     def ahead_of(self, request_id: str) -> int | None:
         """How many requests wait before this one; None once it runs (or is unknown)."""

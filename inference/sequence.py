@@ -78,6 +78,9 @@ class SequenceState:
         self.generated: list[int] = []
         self.text: list[str] = []
         self.paused = False
+        self.paused_at = 0.0  # when step mode paused it
+        self.pause_in_gap = 0.0  # seconds paused since the last token
+        self.pauses: list[float] = []  # per gap between tokens: the seconds paused in it
         self.finish_reason: str | None = None
         self.peers: set[str] = set()
         self.max_batch_size = 0
@@ -160,6 +163,9 @@ class SequenceState:
         now = time.perf_counter()
         is_stop = sample.token_id in self.stop_ids
         self.generated.append(sample.token_id)
+        if self.token_times:
+            self.pauses.append(self.pause_in_gap)
+        self.pause_in_gap = 0.0
         self.token_times.append(now - self.request.received_at)
         events: list[TraceEvent] = [
             Sampled(
@@ -194,8 +200,15 @@ class SequenceState:
                 return events + self._finish("stop")
         if len(self.generated) >= self.params.max_tokens:
             return events + self._finish("length")
-        self.paused = self.request.step_mode
+        if self.request.step_mode:
+            self.paused, self.paused_at = True, time.perf_counter()
         return events
+
+    def resume(self) -> None:
+        """Step mode's "next": take part in steps again; the wait is a pause, not latency."""
+        if self.paused:
+            self.paused = False
+            self.pause_in_gap += time.perf_counter() - self.paused_at
 
     def _finish(self, reason: str) -> list[TraceEvent]:
         self.finish_reason, self.phase = reason, Phase.DONE
@@ -223,9 +236,10 @@ class SequenceState:
                     prefill=prefill,
                     prefill_saved=self.cached_tokens * prefill / computed_prompt if computed_prompt else 0.0,
                     ttft=times[0] if times else ended - received,
-                    decode=(times[-1] - times[0]) if times else 0.0,
+                    decode=(times[-1] - times[0] - sum(self.pauses)) if times else 0.0,
                     total=ended - received,
                     token_times=list(times),
+                    pauses=list(self.pauses) if any(self.pauses) else [],
                 ),
                 cached_tokens=self.cached_tokens,
                 peers=sorted(self.peers - {self.request_id}),

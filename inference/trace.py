@@ -7,6 +7,7 @@ ids into text for a page is the worker's job (`webapp.worker.serialize`, into `w
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -198,10 +199,15 @@ class Timings:
     decode: float
     total: float
     token_times: list[float]
+    # Seconds of each gap between tokens the sequence spent paused in step mode (waiting for its reader's "next"):
+    # not latency, so the gaps below leave them out. Empty: no pause.
+    pauses: list[float] = field(default_factory=list)
 
     @property
     def inter_token_latencies(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        """The gaps between tokens, less the time paused in them."""
+        pauses = self.pauses or [0.0] * max(0, len(self.token_times) - 1)
+        return [b - a - p for (a, b), p in zip(itertools.pairwise(self.token_times), pauses, strict=True)]
 
     @property
     def mean_itl(self) -> float | None:

@@ -189,7 +189,14 @@ function setBusy(busy) {
 
 // A run the guided tour let go after its first token runs on in step mode: the page asks for each next token itself.
 function keepGoing(run, frame) {
-  if (state.released === run && frame.type === "trace" && frame.event.event === "text" && !run.lastSampled?.is_stop) socket.send({ type: "next" });
+  if (state.released === run && frame.type === "trace" && frame.event.event === "text" && !run.lastSampled?.is_stop) resume(run);
+}
+
+// Step mode's "next": the wait since the last token was a pause (the run leaves it out of its latencies).
+function resume(run) {
+  if (!run || run.done) return;
+  run.resumes.push(performance.now());
+  socket.send({ type: "next" });
 }
 
 function showError(message) {
@@ -219,7 +226,7 @@ $("prompt").addEventListener("keydown", (event) => {
     $("composer").requestSubmit();
   }
 });
-$("next").addEventListener("click", () => socket.send({ type: "next" }));
+$("next").addEventListener("click", () => resume(state.run));
 $("cancel").addEventListener("click", () => socket.send({ type: "cancel" }));
 document.querySelectorAll('input[name="speed"]').forEach((r) => r.addEventListener("change", () => setBusy(Boolean(state.run && !state.run.done))));
 setBusy(false);
@@ -260,7 +267,7 @@ $("tour-start").addEventListener("click", (event) => {
     run,
     () => {
       state.released = run;
-      socket.send({ type: "next" });
+      resume(run);
     },
     () => putBack(saved),
   );

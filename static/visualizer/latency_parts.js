@@ -27,11 +27,11 @@ export function ttftParts(run) {
 }
 
 // One token after the first, as medians in ms: the batched decode forward, sampling, and what the browser measured
-// beyond them (network, framing, the page). `skip`: leading gaps to leave out (a pause the reader made in step mode).
-export function itlParts(run, skip = 0) {
+// beyond them (network, framing, the page). Pauses the reader made in step mode are not in the gaps (Run.clientItls).
+export function itlParts(run) {
   const decode = median(run.forwards.filter((f) => f.phase === "decode").map((f) => f.duration * 1000));
   const sampling = median([...run.steps.values()].filter((s) => s.sampled && s.sampled.step > 1).map((s) => s.sampled.duration * 1000));
-  const client = median(run.clientItls.slice(skip));
+  const client = median(run.clientItls);
   if (decode === null || sampling === null || client === null) return null;
   return { decode, sampling, network: Math.max(0, client - decode - sampling), client };
 }

@@ -78,7 +78,12 @@ export class Player {
       });
     };
     run.sentAt = performance.now();
+    // the recording's pauses stay pauses; a held replay's own pause ends when it is released
+    if (!hold) run.resumes = (recorded.resumes ?? []).map((r) => run.sentAt + r * stretch);
     play(frames.slice(0, cut), 0);
-    return () => play(frames.slice(cut), frames[cut]?.at ?? 0);
+    return () => {
+      run.resumes.push(performance.now());
+      play(frames.slice(cut), frames[cut]?.at ?? 0);
+    };
   }
 }

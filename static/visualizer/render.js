@@ -448,9 +448,15 @@ function drawStream(run) {
   if (run.sse && !sse.textContent) sse.textContent = run.sse;
   if (!due(run, "stream")) return;
   itlChart ??= new ItlChart(field("stream", "itl-chart"));
-  const serverTimes = run.finished?.timings.token_times ?? [];
-  const serverItls = serverTimes.slice(1).map((t, i) => (t - serverTimes[i]) * 1000);
+  const timings = run.finished?.timings;
+  const serverTimes = timings?.token_times ?? [];
+  const serverItls = serverTimes.slice(1).map((t, i) => (t - serverTimes[i] - (timings.pauses?.[i] ?? 0)) * 1000);
   itlChart.update(itls, serverItls);
+  // the reader's pauses (the page's own immediate "next"s, a fraction of a millisecond each, are not worth a mention)
+  const pauses = run.clientPauses.map((p, i) => [i + 2, p]).filter(([, p]) => p >= 1);
+  field("stream", "pauses").textContent = pauses.length
+    ? `Paused, and left out of the latencies (step mode waited for “next”): ${pauses.slice(0, 3).map(([n, p]) => `${ms(p)} before token ${n}`).join(", ")}${pauses.length > 3 ? `, and ${pauses.length - 3} more` : ""}`
+    : "";
 }
 
 function drawDetok(run) {
@@ -485,7 +491,8 @@ function drawLatency(run) {
     ...run.forwards.filter((x) => x.phase === "decode").map((x) => ["decode", x.duration * 1000]),
   ];
   const server = parts.reduce((sum, [, v]) => sum + v, 0);
-  const client = run.tokenArrivals.length && run.sentAt !== null ? run.tokenArrivals[run.tokenArrivals.length - 1] - run.sentAt : server;
+  const paused = run.clientPauses.reduce((a, b) => a + b, 0); // the reader's time in step mode is not latency
+  const client = run.tokenArrivals.length && run.sentAt !== null ? run.tokenArrivals[run.tokenArrivals.length - 1] - run.sentAt - paused : server;
   parts.push(["network & other", Math.max(0, client - server)]);
   const total = parts.reduce((sum, [, v]) => sum + v, 0) || 1;
   const waterfall = field("latency", "waterfall");
@@ -495,7 +502,7 @@ function drawLatency(run) {
   const legend = el("p", { class: "muted" });
   const sums = {};
   for (const [name, value] of parts) sums[name] = (sums[name] ?? 0) + value;
-  legend.textContent = Object.entries(sums).map(([n, v]) => `${n} ${ms(v)}`).join(" · ");
+  legend.textContent = Object.entries(sums).map(([n, v]) => `${n} ${ms(v)}`).join(" · ") + (paused >= 1 ? ` (and ${ms(paused)} paused in step mode, left out)` : "");
   waterfall.append(legend);
 }
 

@@ -20,6 +20,7 @@ export class Run {
     this.done = false;
     this.sentAt = null;
     this.tokenArrivals = []; // browser clock (ms) when each token's text frame arrived
+    this.resumes = []; // browser clock (ms) when step mode's "next" was sent: the wait before it is a pause
     this.lastStep = 0;
     this.version = 0; // counts the frames applied: a view drawn at this version is up to date
   }
@@ -93,11 +94,23 @@ export class Run {
     return this.tokenArrivals.length && this.sentAt !== null ? this.tokenArrivals[0] - this.sentAt : null;
   }
 
+  // The gaps between tokens arriving, less any pause in them (step mode: from a token to the "next" that asked for
+  // the one after it), so reading time is never counted as latency.
   get clientItls() {
-    return this.tokenArrivals.slice(1).map((t, i) => t - this.tokenArrivals[i]);
+    return this.tokenArrivals.slice(1).map((t, i) => t - this.tokenArrivals[i] - this.clientPauses[i]);
+  }
+
+  // Per gap between tokens: the ms this page held the engine paused in it (0 for most).
+  get clientPauses() {
+    const arrivals = this.tokenArrivals;
+    return arrivals.slice(1).map((t, i) => {
+      const resumed = this.resumes.filter((r) => r >= arrivals[i] && r <= t);
+      return resumed.length ? resumed[resumed.length - 1] - arrivals[i] : 0;
+    });
   }
 
   toJSON() {
-    return { format: "roundtrip-run", version: 1, request: this.request, frames: this.frames };
+    const resumes = this.resumes.map((r) => r - (this.sentAt ?? 0)); // on the frames' clock
+    return { format: "roundtrip-run", version: 1, request: this.request, frames: this.frames, resumes };
   }
 }

@@ -124,7 +124,7 @@ const STEPS = [
       const total = parts.reduce((a, [, v]) => a + v, 0);
       const ttft = `Time to first token (TTFT) = ${parts.map(([name, v]) => `${name} ${ms(v)}`).join(" + ")} = ${ms(total)} ` +
         `on the server; your browser saw the first token after ${ms(run.clientTtft)} (the rest: sampling it, and the network). `;
-      const itl = itlParts(run, 1); // the first gap held the pause you made after token 1
+      const itl = itlParts(run); // the pause you made after token 1 is left out
       const each = !itl ? "Too few tokens came to measure the time between tokens." :
         `Each further token (inter-token latency, ITL) = one decode step ${ms(itl.decode)} + sampling ${ms(itl.sampling)} + ` +
         `network ${ms(itl.network)} ≈ ${ms(itl.client)}, the median gap your browser measured` +
@@ -156,7 +156,7 @@ export class Tour {
   }
 
   start(run, release, ended = () => {}) {
-    Object.assign(this, { run, release, ended, index: 0, released: false });
+    Object.assign(this, { run, release, ended, index: 0, released: false, landed: false });
     this.box.hidden = false;
     document.querySelector(".pipeline").classList.add("touring");
     this.show(true);
@@ -177,6 +177,15 @@ export class Tour {
     this.show(true);
   }
 
+  // The question and the answer so far stay in the tour's box, whatever the page is scrolled to (on a phone the chat is
+  // a screen away from the stages).
+  sayChat(run) {
+    const asked = run.request.messages?.findLast((m) => m.role === "user")?.content ?? "";
+    const text = `You asked “${asked}” · the answer so far: “${run.text}”${run.done ? "" : "…"}`;
+    const line = this.box.querySelector("[data-tour=chat]");
+    if (line.textContent !== text) line.textContent = text;
+  }
+
   end() {
     if (!this.run) return;
     if (!this.released && !this.run.done) this.release(); // never leave the engine paused behind a closed tour
@@ -193,6 +202,7 @@ export class Tour {
     const step = STEPS[this.index];
     const run = this.run;
     const ready = Boolean(step.ready(run));
+    this.sayChat(run);
     const numbered = this.index < 8 ? `Step ${this.index + 1} of 8` : "Last";
     this.box.querySelector("[data-tour=title]").textContent = `${numbered}: ${step.title}`;
     const text = run.error ? `The request ended early: ${run.error.message}` : ready ? step.say(run) : (step.waiting ?? "Waiting for the model to get here…");
@@ -201,7 +211,9 @@ export class Tour {
     this.box.querySelector("[data-tour=next]").disabled = !ready || this.index === STEPS.length - 1;
     this.box.querySelector("[data-tour=back]").disabled = this.index === 0;
     this.box.dataset.stage = step.stage;
-    if (!moved) return;
+    // the last stage is reached when the answer is done, after the stages above it have grown: it is scrolled to then
+    if (!moved && !(step.stage === "latency" && ready && !this.landed)) return;
+    if (step.stage === "latency" && ready) this.landed = true;
     document.querySelectorAll(".stage.touring").forEach((s) => s.classList.remove("touring"));
     const stage = document.getElementById(`stage-${step.stage}`);
     stage.classList.add("touring");

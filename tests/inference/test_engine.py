@@ -4,6 +4,7 @@ interleaves, the prefix cache, admission by KV budget and batch size, abort, ste
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -233,6 +234,21 @@ def test_a_paused_sequence_sits_out_steps_until_resumed(tiny_model: LoadedModel)
     assert engine.scheduler.has_work
     engine.scheduler.resume("p")
     assert "p" in [o.request_id for o in engine.step()]
+
+
+def test_time_paused_in_step_mode_is_left_out_of_the_latencies(tiny_model: LoadedModel) -> None:
+    engine = make_engine(tiny_model)
+    engine.scheduler.add(dataclasses.replace(sequence_request("p", PROMPTS[0], max_tokens=3), step_mode=True))
+    outputs = list(engine.step())
+    for _ in range(2):
+        time.sleep(0.3)  # a reader looking at the token before pressing Next
+        engine.scheduler.resume("p")
+        outputs += engine.step()
+    timings = next(e for e in events_of(outputs) if isinstance(e, Finished)).timings
+    gaps = [b - a for a, b in zip(timings.token_times, timings.token_times[1:], strict=False)]
+    assert len(timings.pauses) == 2 and all(0.3 <= p < min(gaps) for p in timings.pauses)
+    assert timings.inter_token_latencies == pytest.approx([g - p for g, p in zip(gaps, timings.pauses, strict=True)])
+    assert timings.mean_itl is not None and timings.mean_itl < 0.3 and timings.decode < 0.6
 
 
 def test_it_stops_at_an_end_of_turn_token_unless_told_to_ignore_it(tiny_model: LoadedModel) -> None:

@@ -151,6 +151,7 @@ def finished(event: trace.Finished, tokenizer: BPETokenizer | None = None) -> wi
         decode=t.decode,
         total=t.total,
         token_times=list(t.token_times),
+        pauses=list(t.pauses),
         mean_itl=t.mean_itl,
         decode_tokens_per_s=t.decode_tokens_per_s,
     )

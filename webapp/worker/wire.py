@@ -139,6 +139,7 @@ class Timings(Wire):
     token_times: list[float]
     mean_itl: float | None
     decode_tokens_per_s: float | None
+    pauses: list[float] = []  # per gap between tokens: seconds paused in step mode (left out of ITL and tokens/s)
 
 
 class Event(Wire, tag_field="event"):
