@@ -137,13 +137,47 @@ class ChatTemplate:
                     "The model's chat template does not show the final message, so it cannot be continued.", "messages"
                 )
             text = text[: final[1]]
-        return self._tokenize(text, contents, messages)
+        default = self._default_system(messages, text, add_generation_prompt, extra)
+        return self._tokenize(text, contents, messages, default)
+
+    def _default_system(
+        self, messages: Sequence[Message], text: str, add_generation_prompt: bool, extra: dict[str, Any]
+    ) -> tuple[int, int] | None:
+        """Where in `text` the template put a system prompt of its own, when the messages have none: found by
+        rendering the messages bare, and again after a system message of ours, and taking what differs. Its tokens are
+        a system prompt, not markup."""
+        if any(m["role"] == "system" for m in messages):
+            return None
+        probe = f"\ue000{secrets.token_hex(8)}\ue001"
+        try:
+            bare = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **extra)
+            given = self._template.render(
+                messages=[{"role": "system", "content": probe}, *messages],
+                add_generation_prompt=add_generation_prompt,
+                **extra,
+            )
+        except TemplateError:
+            return None
+        if probe not in given:
+            return None
+        prefix, suffix = given.split(probe, 1)
+        end = len(bare) - len(suffix)
+        if end <= len(prefix) or not (bare.startswith(prefix) and bare.endswith(suffix)):
+            return None
+        default = bare[len(prefix) : end]
+        return (len(prefix), end) if text[len(prefix) : end] == default else None
 
     def plain(self, text: str) -> Prompt:
         """Text as it is, without the template (legacy completions): one segment, control-token text stays text."""
         return self._tokenize(text, {0: (0, len(text))}, [{"role": "user", "content": text}])
 
-    def _tokenize(self, text: str, contents: dict[int, tuple[int, int]], messages: Sequence[Message]) -> Prompt:
+    def _tokenize(
+        self,
+        text: str,
+        contents: dict[int, tuple[int, int]],
+        messages: Sequence[Message],
+        default_system: tuple[int, int] | None = None,
+    ) -> Prompt:
         ids: list[int] = []
         spans: list[tuple[int, int]] = []
         for start, end, is_special in self._pieces(text, sorted(contents.values())):
@@ -155,7 +189,8 @@ class ChatTemplate:
             ids.extend(enc.ids)
             spans.extend((start + a, start + b) for a, b in enc.spans)
         tokens = [self._tokenizer.token_text(i) for i in ids]
-        return Prompt(text=text, ids=ids, tokens=tokens, spans=spans, segments=_segments(spans, contents, messages))
+        segments = _segments(spans, contents, messages, default_system)
+        return Prompt(text=text, ids=ids, tokens=tokens, spans=spans, segments=segments)
 
     def _pieces(self, text: str, protected: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
         """Split `text` into plain runs and special tokens; a special inside a message content does not count."""
@@ -228,12 +263,19 @@ def _strip_sentinels(raw: str, opens: list[str], close: str) -> tuple[str, dict[
     return "".join(out), contents
 
 
+DEFAULT_SYSTEM = -1  # the owner of the template's own system prompt's characters (no message of the request)
+
+
 def _segments(
-    spans: list[tuple[int, int]], contents: dict[int, tuple[int, int]], messages: Sequence[Message]
+    spans: list[tuple[int, int]],
+    contents: dict[int, tuple[int, int]],
+    messages: Sequence[Message],
+    default_system: tuple[int, int] | None = None,
 ) -> list[Segment]:
     """Group consecutive tokens by what their first character belongs to."""
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
-    lookup = _RangeLookup([(a, b) for a, b in contents.values()], list(contents))
+    owners = {**contents, **({DEFAULT_SYSTEM: default_system} if default_system else {})}
+    lookup = _RangeLookup(list(owners.values()), list(owners))
 
     def owner(char: int) -> int | None:
         return lookup.find(char)
@@ -241,7 +283,7 @@ def _segments(
     def kind_of(index: int | None) -> SegmentKind:
         if index is None:
             return "markup"
-        if messages[index]["role"] == "system":
+        if index == DEFAULT_SYSTEM or messages[index]["role"] == "system":
             return "system"
         return "message" if index == last_user else "history"
 
@@ -254,8 +296,8 @@ def _segments(
         segments.append(
             Segment(
                 kind=kind_of(index),
-                role=None if index is None else messages[index]["role"],
-                message_index=index,
+                role=None if index is None else "system" if index == DEFAULT_SYSTEM else messages[index]["role"],
+                message_index=None if index == DEFAULT_SYSTEM else index,
                 token_start=run_start,
                 token_end=t,
                 char_start=spans[run_start][0],

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from visualizer.pacing import paced
+from visualizer.pacing import PACE_S, paced
 from visualizer.questions import inspect, merges, prompt_attention, resample
 from visualizer.runs import Run, Visitor, error_frame
 from visualizer.watch import WATCH_GROUP, watcher_joined, watcher_left
@@ -128,8 +128,11 @@ class PipelineConsumer(FrameConsumer):
         return self.task is not None and not self.task.done()
 
     async def _forward(self, run: Run) -> None:
-        """The run's frames, paced (see `visualizer.pacing`): several in a message when they are ready together."""
-        async with contextlib.aclosing(paced(run.frames())) as batches:
+        """The run's frames, paced (see `visualizer.pacing`): several in a message when they are ready together. A turn
+        in step mode is not paced: its engine waits for the page's "next" after every token, so holding the token back
+        would only hold the engine."""
+        pace = 0.0 if run.payload.get("step") else PACE_S
+        async with contextlib.aclosing(paced(run.frames(), pace)) as batches:
             async for batch in batches:
                 await self.send_frames(batch)
 

@@ -219,7 +219,8 @@ function drawTokens(run) {
   const ids = run.tokenized.ids;
   for (let i = message.token_start; i < message.token_end; i++) {
     const token = tokenAt(run, i);
-    const chip = tokenChip(token, { colour: `c${i % 6}` }); // neighbours in different colours: where one token ends
+    // your message's colour, as everywhere on the page, in two shades: where one token ends and the next begins
+    const chip = tokenChip(token, { colour: `seg-message${(i - message.token_start) % 2 ? " alt" : ""}` });
     chip.title = `id ${token.id} · position ${i} · bytes ${hex(Array.from(new TextEncoder().encode(token.text)))}`;
     chips.append(chip);
   }
@@ -241,9 +242,12 @@ function drawContext(run) {
   for (const s of c.segments) {
     const n = s.token_end - s.token_start;
     const block = el("div", { class: `segment ${s.kind}`, title: `${SEGMENT_LABELS[s.kind]}: positions ${s.token_start}–${s.token_end - 1}`, style: `flex-grow:${n}` });
-    block.append(el("span", {}, `${SEGMENT_LABELS[s.kind]} (${n})`));
+    block.append(el("span", {}, String(n))); // a count always fits; the names are in the legend below
     segments.append(block);
   }
+  const totals = new Map();
+  for (const s of c.segments) totals.set(s.kind, (totals.get(s.kind) ?? 0) + s.token_end - s.token_start);
+  field("context", "legend").replaceChildren(...[...totals].map(([kind, n]) => el("span", { class: `seg-${kind}` }, `${SEGMENT_LABELS[kind]} ${n}`)));
   const positions = field("context", "positions");
   for (let p = 0; p < c.prompt_tokens; p++) positions.append(tokenChip(tokenAt(run, p), { position: true }));
   roving(positions);

@@ -104,7 +104,7 @@ export class Run {
   get clientPauses() {
     const arrivals = this.tokenArrivals;
     return arrivals.slice(1).map((t, i) => {
-      const resumed = this.resumes.filter((r) => r >= arrivals[i] && r <= t);
+      const resumed = this.resumes.filter((r) => r >= arrivals[i] && r < t); // a "next" sent as a token arrived belongs to the gap after it
       return resumed.length ? resumed[resumed.length - 1] - arrivals[i] : 0;
     });
   }

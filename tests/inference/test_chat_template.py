@@ -55,6 +55,15 @@ def test_a_user_typing_im_end_does_not_end_their_message(smollm2: LoadedModel) -
 def test_it_uses_the_files_default_system_prompt_when_none_is_given(smollm2: LoadedModel) -> None:
     prompt = smollm2.chat_template.render([{"role": "user", "content": "Hi"}])
     assert "You are a helpful AI assistant named SmolLM" in prompt.text
+    # the template's own system prompt is labelled a system prompt, its markup stays markup
+    [system] = [s for s in prompt.segments if s.kind == "system"]
+    assert system.role == "system" and system.message_index is None
+    said = prompt.text[system.char_start : system.char_end]
+    assert said.startswith("You are a helpful AI assistant named SmolLM") and "<|im_start|>" not in said
+    given = smollm2.chat_template.render(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    )
+    assert [s.message_index for s in given.segments if s.kind == "system"] == [0]
 
 
 @pytest.mark.parametrize(
