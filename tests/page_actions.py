@@ -56,6 +56,16 @@ def wait_done(page: Any) -> None:
     page.wait_for_function("!document.getElementById('send').disabled", timeout=60000)
 
 
+def show_token(page: Any, step: int) -> None:
+    """Move the page's token cursor (the scrubber over the answer) to generated token `step`."""
+    page.evaluate(
+        """(step) => { const pick = document.getElementById("cursor-pick");
+             pick.value = String(step); pick.dispatchEvent(new Event("input")); }""",
+        step,
+    )
+    page.wait_for_function(f"document.querySelector('#stage-loop li.cursor')?.dataset.step === '{step}'")
+
+
 def exported(page: Any, tmp_path: Path) -> dict[str, Any]:
     """The run the page recorded, through its own export button: the trace as the page received it."""
     page.click("#recording summary")
@@ -97,3 +107,27 @@ def open_page(browser: Any, url: str, prefs: dict[str, str], **context: Any) -> 
     page.goto(url + "/")
     page.wait_for_selector(".status.connected", timeout=15000)
     return ctx, page, errors
+
+
+TOUR = ["request", "gateway", "tokens", "context", "forward", "sampling", "stream", "detok", "latency"]
+
+
+def walk_the_tour(page: Any, pause_s: float = 0.4) -> list[str]:
+    """Press Next through the eight stages, checking each is the one highlighted, in order; the narrations said.
+    At the detokenization step the reader waits `pause_s` (the engine holds after the first token meanwhile)."""
+    said = []
+    for n, stage in enumerate(TOUR):
+        page.wait_for_selector(f"#stage-{stage}.touring", timeout=30000)
+        assert page.locator(".stage.touring").count() == 1
+        title = page.inner_text("#tour [data-tour=title]")
+        assert title.startswith(f"Step {n + 1} of 8") if n < 8 else title.startswith("Last")
+        if n < 8:
+            page.wait_for_selector("#tour [data-tour=next]:not([disabled])", timeout=30000)
+            said.append(page.inner_text("#tour [data-tour=text]"))
+            if stage == "detok":
+                page.wait_for_timeout(pause_s * 1000)
+                assert page.locator(".bubble.assistant:last-child .tok").count() == 1
+            page.click("#tour [data-tour=next]")
+    page.locator("#tour [data-tour=text]", has_text="Time to first token").wait_for(timeout=60000)
+    said.append(page.inner_text("#tour [data-tour=text]"))
+    return said

@@ -11,7 +11,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 import torch
-from page_actions import answer, ask, exported, settings, trace_events, wait_done
+from page_actions import answer, ask, exported, settings, show_token, trace_events, wait_done, walk_the_tour
 from servers import server_env, start, stop, wait_ready
 
 from inference.batch import Chunk
@@ -55,7 +55,8 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(
     )
     assert chip_ids == r.json()["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
     # 4. context segments and fill
-    assert page.locator("#stage-context .segment.message").inner_text().startswith("your message (7)")
+    assert page.locator("#stage-context .segment.message").inner_text() == "7"
+    assert "your message 7" in page.inner_text('#stage-context [data-field="legend"]')
     assert "27 prompt tokens" in page.inner_text('#stage-context [data-field="fill-text"]')
     # 5. forward pass with the full-level pictures
     assert page.locator("#stage-forward .layer").count() == 30
@@ -66,13 +67,13 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(
     assert page.inner_text('#stage-forward [data-field="weights"]').startswith("weights: fp32")  # the tests pin fp32
     assert page.locator('#stage-forward [data-field="steps"] canvas').count() >= 1  # the step timeline
     assert page.inner_text('#stage-context [data-field="cache"]').startswith("prefix cache:")
-    # 6. sampling: the chosen tokens, token by token, spell the answer (the last choice is <|im_end|>)
-    assert page.inner_text("#stage-sampling .bar.chosen .tok") == "<|im_end|>"
+    # 6. sampling: the chosen tokens, token by token, spell the answer (the stages open on the first token)
+    assert page.inner_text("#stage-sampling .bar.chosen .tok") == "The"
     tokens = page.locator(".bubble.assistant .tok").all_inner_texts()
     assert "".join(tokens) == "The capital of India is New Delhi." and len(tokens) == 8
     # 7. streaming frames and 8. detokenization
     assert page.locator('#stage-stream [data-field="frames"] li').count() == 8
-    assert page.inner_text('#stage-detok [data-field="appended"]') == '"."'
+    assert page.inner_text('#stage-detok [data-field="appended"]') == '"The"'
     # latency: browser and server side by side
     for cell in ["ttft-client", "ttft-server", "itl-client", "itl-server"]:
         assert page.inner_text(f'#stage-latency [data-field="{cell}"]').endswith("ms")
@@ -210,6 +211,7 @@ def test_attention_is_labelled_by_token_and_the_head_view_draws_lines(
 ) -> None:
     ask(page, "What's the capital of India?", level="full")
     wait_done(page)
+    show_token(page, 9)  # the last: its forward pass read all 35 positions
     forward = "#stage-forward"
     page.locator(f'{forward} [data-field="layer-pick"]').fill("29")
     heads = f'{forward} [data-field="heads"]'
@@ -303,6 +305,7 @@ def test_the_page_draws_any_models_shape_from_the_trace(page: Any) -> None:
 def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: Path, screenshot: Any) -> None:
     ask(page, "What's the capital of India?", level="full")
     wait_done(page)
+    show_token(page, 9)
     forward = "#stage-forward"
     recorded = exported(page, tmp_path)
     detail = [f for f in trace_events(recorded, "forward") if f["detail"]][-1]["detail"]
@@ -380,33 +383,9 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
     assert page.locator(f'{forward} [data-field="lens"] tbody tr').count() == 6 and page.inner_text(rope) == ""
 
 
-TOUR = ["request", "gateway", "tokens", "context", "forward", "sampling", "stream", "detok", "latency"]
-
-
 def ms_text(value: float) -> str:
     """A duration as the page's `ms()` writes it."""
     return f"{value:.2f} ms" if value < 10 else f"{value:.0f} ms"
-
-
-def walk_the_tour(page: Any) -> list[str]:
-    """Press Next through the eight stages, checking each is the one highlighted, in order; the narrations said."""
-    said = []
-    for n, stage in enumerate(TOUR):
-        page.wait_for_selector(f"#stage-{stage}.touring", timeout=30000)
-        assert page.locator(".stage.touring").count() == 1
-        title = page.inner_text("#tour [data-tour=title]")
-        assert title.startswith(f"Step {n + 1} of 8") if n < 8 else title.startswith("Last")
-        if n < 8:
-            page.wait_for_selector("#tour [data-tour=next]:not([disabled])", timeout=30000)
-            said.append(page.inner_text("#tour [data-tour=text]"))
-            if stage == "detok":
-                # the engine (or the replay) holds after the first token while the tour walks the stages
-                page.wait_for_timeout(400)
-                assert page.locator(".bubble.assistant:last-child .tok").count() == 1
-            page.click("#tour [data-tour=next]")
-    page.locator("#tour [data-tour=text]", has_text="Time to first token").wait_for(timeout=60000)
-    said.append(page.inner_text("#tour [data-tour=text]"))
-    return said
 
 
 def test_the_guided_tour_walks_the_eight_stages_live_and_over_a_replay(
@@ -685,8 +664,8 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         assert [
             li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()
         ] == ["authenticate", "rate_limit", "route", "usage_log"]
-        assert page.locator("#stage-context .segment.message").inner_text().startswith("your message (7)")
-        assert page.inner_text("#stage-sampling .bar.chosen .tok") == "<|im_end|>"
+        assert page.locator("#stage-context .segment.message").inner_text() == "7"
+        assert page.inner_text("#stage-sampling .bar.chosen .tok") == "The"  # the token stages open on the first
         # ending on <|im_end|>
         assert page.locator("#stage-loop .loop-strip li").count() == reply.json()["usage"]["completion_tokens"]
         assert page.locator('#stage-stream [data-field="frames"] li').count() >= 1 and page.inner_text(
