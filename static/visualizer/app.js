@@ -292,6 +292,7 @@ async function copy(text, button) {
   setTimeout(() => (button.textContent = label), 1200);
 }
 copyCodeButtons($("bubbles"), copy);
+copyCodeButtons($("pipeline"), copy); // the detokenization stage's rendered answer
 
 // --- a token's trace ---------------------------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ class LinePlot {
 
 export class ItlChart extends LinePlot {
   constructor(node) {
-    super(node, 150, "token", "ms", [
+    super(node, 170, "token", [{ label: "ms", space: 18 }], [ // ticks close enough that a short plot still has several
       { label: "browser", stroke: "#2563eb", points: { show: true } },
       { label: "server", stroke: "#db2777", points: { show: true } },
     ], { y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } }); // from zero, with room for its ticks

@@ -11,6 +11,7 @@ import { Heatmap } from "./heatmap.js";
 import { ttftParts } from "./latency_parts.js";
 import { drawLayerStack } from "./layer_stack.js";
 import { LoopStrip } from "./loop_strip.js";
+import { StreamingMarkdown } from "./markdown.js";
 import { drawRope } from "./rope_view.js";
 import { roving } from "./roving.js";
 import { SEGMENT_LABELS, tokenAt, tokenChip } from "./tokens.js";
@@ -95,7 +96,10 @@ const STAGE_DRAWS = {
   sampling: drawSampling,
   loop: drawLoop,
   stream: drawStream,
-  detok: drawDetok,
+  detok: (run) => {
+    drawDetok(run);
+    drawRendering(run);
+  },
   latency: drawLatency,
 };
 
@@ -475,6 +479,16 @@ function drawDetok(run) {
   field("detok", "pending").textContent = t?.pending_bytes.length ? hex(t.pending_bytes) : "none";
   field("detok", "held").textContent = t?.held_text ? JSON.stringify(t.held_text) : "none";
   field("detok", "appended").textContent = t ? JSON.stringify(t.text) : "none: the end-of-sequence token ends the answer and adds no text";
+}
+
+// Once the answer is done: its text exactly as the tokens spell it, beside what the chat's renderer makes of it.
+function drawRendering(run) {
+  const raw = field("detok", "raw");
+  if (raw.textContent || !run.done || !run.finished) return;
+  raw.textContent = run.finished.text;
+  const rendered = new StreamingMarkdown(field("detok", "rendered"));
+  rendered.update(run.finished.text);
+  rendered.finish();
 }
 
 function drawLatency(run) {
