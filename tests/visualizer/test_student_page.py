@@ -77,6 +77,8 @@ def test_the_finder_ranks_the_heads_linking_india_to_capital_and_the_preset_open
         list(sinks[0]),
     )
     assert "an attention sink" in page.inner_text('#stage-forward [data-field="sink"]')
+    page.set_viewport_size({"width": 390, "height": 844})
+    screenshot(page.locator("#stage-forward .finder"), "finder-390")
 
 
 def test_after_a_run_the_token_stages_open_on_the_first_token_and_move_together(
@@ -114,6 +116,8 @@ def test_after_a_run_the_token_stages_open_on_the_first_token_and_move_together(
     # the whole answer as its tokens spell it, beside the chat's rendering of it
     assert page.inner_text('#stage-detok [data-field="raw"]') == "The capital of India is New Delhi."
     assert page.inner_text('#stage-detok [data-field="rendered"] p') == "The capital of India is New Delhi."
+    page.set_viewport_size({"width": 390, "height": 844})
+    screenshot(page, "cursor-390")
     # the last token: the logit lens at the last layer agrees with the sampler (greedy: no filter changes it)
     last = sampled[-1]
     forward = next(f for f in trace_events(recorded, "forward") if f["step"] + 1 == last["step"])
@@ -164,6 +168,7 @@ def test_the_api_request_and_its_sse_bytes_are_what_the_api_sends(
     page.click('#stage-stream details[data-more="sse"] summary')
     block = page.locator('#stage-stream [data-field="sse"]').text_content()
     screenshot(page.locator("#stage-stream"), "stream-sse")
+    screenshot(page.locator("#stage-request"), "request-api")
     # the same request through the real API: the same events, but for their ids and clocks
     with httpx.stream(
         "POST",
@@ -212,6 +217,8 @@ def test_the_cost_is_the_tokens_at_the_models_prices(page: Any, screenshot: Any)
     row = UsageRecord.objects.filter(endpoint="ws.chat").order_by("-id").first()
     assert row is not None and row.cost_usd == pytest.approx(cost) and f"{cost:.7f}" == "0.0000063"
     screenshot(page.locator("#stage-gateway"), "gateway-cost")
+    page.set_viewport_size({"width": 390, "height": 844})
+    screenshot(page.locator("#stage-gateway"), "gateway-cost-390")
 
 
 def test_bpe_builds_capital_from_its_bytes_into_the_tokenizers_ids(
@@ -239,6 +246,8 @@ def test_bpe_builds_capital_from_its_bytes_into_the_tokenizers_ids(
         assert steps[0].startswith(f"“{text.replace(' ', '·')}” starts as its {len(text)} bytes")
         assert all(line.startswith("merge ") for line in steps[1:-1]) and len(steps) > 3
     screenshot(page.locator("#stage-tokens"), "bpe-capital")
+    page.set_viewport_size({"width": 390, "height": 844})
+    screenshot(page.locator("#stage-tokens"), "bpe-capital-390")
 
 
 def test_the_tour_keeps_the_chat_in_view_ends_on_the_clock_and_leaves_its_pause_out(
