@@ -170,14 +170,8 @@ def test_the_api_request_and_its_sse_bytes_are_what_the_api_sends(
     screenshot(page.locator("#stage-stream"), "stream-sse")
     screenshot(page.locator("#stage-request"), "request-api")
     # the same request through the real API: the same events, but for their ids and clocks
-    with httpx.stream(
-        "POST",
-        f"{daphne_server.api}/chat/completions",
-        json=request,
-        headers={"Authorization": f"Bearer {make_key()}"},
-        timeout=60,
-    ) as response:
-        api = response.read().decode()
+    headers = {"Authorization": f"Bearer {make_key()}"}
+    api = httpx.post(f"{daphne_server.api}/chat/completions", json=request, headers=headers, timeout=60).text
 
     def events(text: str) -> list[Any]:
         lines = [line for line in text.split("\n\n") if line]
