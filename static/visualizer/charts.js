@@ -8,14 +8,14 @@ import { NumbersTable } from "./numbers_table.js";
 class LinePlot {
   // yAxes: a label for the one y axis, or a list of {scale, label, side} for series on scales of their own;
   // scales: uPlot scale options beside the x axis's (bars need room at both ends and a zero baseline).
-  constructor(node, height, xLabel, yAxes, series, scales = {}) {
+  constructor(node, height, xLabel, yAxes, series, scales = {}, hooks = {}) {
     this.node = node;
     this.height = height;
     const ys = typeof yAxes === "string" ? [{ label: yAxes }] : yAxes;
     this.plot = new uPlot(
       // The legend names the series without waiting for a hover (uPlot's live legend reads "--" until then); the
       // values are in the table under the plot.
-      { width: this.width(), height, legend: { live: false }, scales: { x: { time: false }, ...scales }, axes: [{ label: xLabel }, ...ys], series: [{}, ...series] },
+      { width: this.width(), height, legend: { live: false }, scales: { x: { time: false }, ...scales }, axes: [{ label: xLabel }, ...ys], series: [{}, ...series], hooks },
       [[], ...series.map(() => [])],
       node,
     );
@@ -40,15 +40,40 @@ class LinePlot {
   }
 }
 
+// On the ITL chart: a dashed line at each gap that held a reader's pause (left out of its value), with its length.
+function markPauses(u, pauses) {
+  const { ctx, bbox } = u;
+  ctx.save();
+  ctx.strokeStyle = "#b45309";
+  ctx.fillStyle = "#b45309";
+  ctx.setLineDash([4, 3]);
+  ctx.textAlign = "left";
+  ctx.textBaseline = "bottom";
+  ctx.font = `${Math.round(11 * devicePixelRatio)}px system-ui, sans-serif`;
+  for (const [token, ms] of pauses) {
+    const x = Math.round(u.valToPos(token, "x", true));
+    ctx.beginPath();
+    ctx.moveTo(x, bbox.top);
+    ctx.lineTo(x, bbox.top + bbox.height);
+    ctx.stroke();
+    ctx.fillText(`paused ${(ms / 1000).toFixed(1)} s`, x + 4 * devicePixelRatio, bbox.top + bbox.height - 6 * devicePixelRatio);
+  }
+  ctx.restore();
+}
+
 export class ItlChart extends LinePlot {
   constructor(node) {
+    const marks = { pauses: [] }; // the hook below may run while the plot is built, before `this` exists
     super(node, 170, "token", [{ label: "ms", space: 18 }], [ // ticks close enough that a short plot still has several
       { label: "browser", stroke: "#2563eb", points: { show: true } },
       { label: "server", stroke: "#db2777", points: { show: true } },
-    ], { y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } }); // from zero, with room for its ticks
+    ], { y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } }, { draw: [(u) => markPauses(u, marks.pauses)] }); // from zero
+    this.marks = marks;
   }
 
-  update(clientItls, serverItls) {
+  // pauses: [token, ms] for the gaps before those tokens that held a reader's pause.
+  update(clientItls, serverItls, pauses = []) {
+    this.marks.pauses = pauses;
     const n = Math.max(clientItls.length, serverItls.length);
     const xs = Array.from({ length: n }, (_, i) => i + 2);
     const pad = (arr) => xs.map((_, i) => (i < arr.length ? arr[i] : null));

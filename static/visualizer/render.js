@@ -459,9 +459,9 @@ function drawStream(run) {
   const timings = run.finished?.timings;
   const serverTimes = timings?.token_times ?? [];
   const serverItls = serverTimes.slice(1).map((t, i) => (t - serverTimes[i] - (timings.pauses?.[i] ?? 0)) * 1000);
-  itlChart.update(itls, serverItls);
   // the reader's pauses (the page's own immediate "next"s, a fraction of a millisecond each, are not worth a mention)
   const pauses = run.clientPauses.map((p, i) => [i + 2, p]).filter(([, p]) => p >= 1);
+  itlChart.update(itls, serverItls, pauses);
   field("stream", "pauses").textContent = pauses.length
     ? `Paused, and left out of the latencies (step mode waited for “next”): ${pauses.slice(0, 3).map(([n, p]) => `${ms(p)} before token ${n}`).join(", ")}${pauses.length > 3 ? `, and ${pauses.length - 3} more` : ""}`
     : "";

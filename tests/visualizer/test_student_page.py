@@ -262,6 +262,7 @@ def test_the_tour_keeps_the_chat_in_view_ends_on_the_clock_and_leaves_its_pause_
     screenshot(page, "tour-end-390")
     # the reading pause is named, and in no latency: every gap on the chart is under a second
     assert "before token 2" in page.inner_text('#stage-stream [data-field="pauses"]')
+    screenshot(page.locator('#stage-stream [data-field="itl-chart"]'), "itl-chart-pause-390")
     numbers = page.locator('#stage-stream [data-field="itl-chart"] + details.numbers')
     numbers.evaluate("node => { node.open = true; }")
     gaps = [float(cell) for cell in numbers.locator("tbody td").all_inner_texts() if cell != "—"]
