@@ -184,6 +184,9 @@ function setBusy(busy) {
   $("cancel").disabled = !busy;
   $("next").disabled = !(busy && speed() === "step");
   $("next").hidden = speed() !== "step";
+  // step mode's Next also sits in the token cursor, on top of the stages, so a reader can step where the change shows
+  $("cursor-next").hidden = $("next").hidden;
+  $("cursor-next").disabled = $("next").disabled;
   document.body.classList.toggle("busy", busy);
 }
 
@@ -227,6 +230,7 @@ $("prompt").addEventListener("keydown", (event) => {
   }
 });
 $("next").addEventListener("click", () => resume(state.run));
+$("cursor-next").addEventListener("click", () => resume(state.run));
 $("cancel").addEventListener("click", () => socket.send({ type: "cancel" }));
 document.querySelectorAll('input[name="speed"]').forEach((r) => r.addEventListener("change", () => setBusy(Boolean(state.run && !state.run.done))));
 setBusy(false);

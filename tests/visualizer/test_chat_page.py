@@ -167,6 +167,11 @@ def test_step_mode_advances_one_token_per_click(page: Any, screenshot: Any) -> N
         page.wait_for_timeout(300)
         assert page.locator(".bubble.assistant .tok").count() == expected
     assert answer(page) == "The capital of India"
+    # the same Next on top of the stages: the sampling stage, on screen, moves to the new token
+    page.locator("#stage-sampling").scroll_into_view_if_needed()
+    page.click("#cursor-next")
+    page.wait_for_function("document.querySelectorAll('.bubble.assistant .tok').length === 5", timeout=30000)
+    page.wait_for_function("document.querySelector('#stage-sampling .bar.chosen .tok')?.textContent === '·is'")
     screenshot(page, "step-mode")
     page.click("#cancel")
     wait_done(page)
