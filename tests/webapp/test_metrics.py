@@ -78,6 +78,15 @@ def test_a_request_a_proxy_passed_on_is_not_loopback_whatever_the_proxy_says(hea
 
 
 @pytest.mark.django_db
+@override_settings(ROUNDTRIP_TRUSTED_PROXIES=["127.0.0.1"])
+def test_a_proxy_that_adds_no_header_is_not_this_machine_when_it_is_named() -> None:
+    """A TCP proxy on this machine passes visitors on from loopback without a header: naming it as the deployment's
+    proxy (as its visitors' addresses need anyway) closes /metrics to it."""
+    assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 403
+    assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200  # not the proxy: this machine
+
+
+@pytest.mark.django_db
 @override_settings(ROUNDTRIP_METRICS_TOKEN="s3cret")
 def test_with_a_token_set_every_client_needs_it() -> None:
     assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 403

@@ -8,7 +8,7 @@ process's `/metrics` (see the README on scraping).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -22,7 +22,7 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def start(host: str, port: int, token: str) -> WSGIServer:
+def start(host: str, port: int, token: str, proxies: Collection[str] = ()) -> WSGIServer:
     """Serve the process's metrics on host:port from a daemon thread; returns the server (its port is the real one)."""
     metrics_app = make_wsgi_app()
 
@@ -30,7 +30,7 @@ def start(host: str, port: int, token: str) -> WSGIServer:
         headers = {
             key[5:].replace("_", "-").lower(): str(value) for key, value in environ.items() if key.startswith("HTTP_")
         }
-        if not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR"), token, headers):
+        if not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR"), token, headers, proxies):
             start_response("403 Forbidden", [("Content-Type", "text/plain")])
             return [b"metrics need a valid bearer token or a loopback address\n"]
         return metrics_app(environ, start_response)

@@ -16,7 +16,11 @@ from webapp.worker import registry
 def metrics_view(request: HttpRequest) -> HttpResponse:
     headers = {name.lower(): value for name, value in request.headers.items()}
     if not allowed(
-        request.headers.get("Authorization"), request.META.get("REMOTE_ADDR"), settings.ROUNDTRIP_METRICS_TOKEN, headers
+        request.headers.get("Authorization"),
+        request.META.get("REMOTE_ADDR"),
+        settings.ROUNDTRIP_METRICS_TOKEN,
+        headers,
+        settings.ROUNDTRIP_TRUSTED_PROXIES,
     ):
         why = (
             "a valid bearer token"

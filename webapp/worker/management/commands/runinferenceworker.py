@@ -37,6 +37,11 @@ class Command(BaseCommand):
             raise CommandError(f"no configured model matches {opts['model']}")
         self.stderr.write(f"inference worker for {', '.join(r.id for r in routes)}")
         if opts["metrics_port"]:
-            server = start_metrics(opts["metrics_host"], opts["metrics_port"], settings.ROUNDTRIP_METRICS_TOKEN)
+            server = start_metrics(
+                opts["metrics_host"],
+                opts["metrics_port"],
+                settings.ROUNDTRIP_METRICS_TOKEN,
+                settings.ROUNDTRIP_TRUSTED_PROXIES,
+            )
             self.stderr.write(f"metrics at http://{opts['metrics_host']}:{server.server_port}/metrics")
         asyncio.run(serve(routes))
