@@ -60,6 +60,12 @@ def llg_tokenizer(tokenizer: BPETokenizer, eos: int) -> llguidance.LLTokenizer:
     return _tokenizers[tokenizer]
 
 
+def _first_line(report: str) -> str:
+    """llguidance's report, cut to its first line: the rest holds the grammar and the parser's state, which a client
+    does not need and a log must not keep."""
+    return report.strip().splitlines()[0][:200] if report.strip() else "no reason given"
+
+
 @lru_cache(maxsize=256)
 def compile_lark(lark: str) -> str:
     """llguidance's grammar for Lark text; InvalidRequestError naming response_format when it cannot be used
@@ -68,7 +74,7 @@ def compile_lark(lark: str) -> str:
     error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if error:
         raise InvalidRequestError(
-            f"This schema cannot be used for constrained decoding: {messages[0]}", "response_format"
+            f"This schema cannot be used for constrained decoding: {_first_line(messages[0])}", "response_format"
         )
     return grammar
 
@@ -79,7 +85,9 @@ class Grammar:
     def __init__(self, lark: str, tokenizer: BPETokenizer, eos: int, stop_ids: Sequence[int]) -> None:
         self._matcher = llguidance.LLMatcher(llg_tokenizer(tokenizer, eos), compile_lark(lark), log_level=0)
         if self._matcher.is_error():
-            raise InvalidRequestError(f"The grammar cannot be used: {self._matcher.get_error()}", "response_format")
+            raise InvalidRequestError(
+                f"The grammar cannot be used: {_first_line(self._matcher.get_error())}", "response_format"
+            )
         self.vocab_size = tokenizer.vocab_size
         self._bits = llg_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
         self._eos = eos
@@ -109,9 +117,7 @@ class Grammar:
     def _failed(self) -> InvalidRequestError:
         """The matcher gave up mid-answer (a schema past llguidance's limits, say): the request's format cannot be
         enforced. Its first line only: llguidance's full report holds the grammar and the parser's state."""
-        first = (
-            self._matcher.get_error().strip().splitlines()[0][:200] if self._matcher.get_error() else "no reason given"
-        )
+        first = _first_line(self._matcher.get_error() or "")
         return InvalidRequestError(f"The response format cannot be enforced on this answer: {first}", "response_format")
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -327,6 +328,25 @@ def test_every_field_of_a_chat_frame_is_typed(with_worker: Any, change: dict[str
         assert not any(f["type"] == "trace" for f in frames)
 
     with_worker(body)
+
+
+def test_a_logit_bias_beyond_the_vocabulary_is_a_fast_400_and_the_next_turn_runs(with_worker: Any) -> None:
+    """Issue 29's first finding on the page's socket: the turn fails at once naming the field (it hung for two minutes
+    and left the socket answering "busy" to every later turn)."""
+
+    async def body(ws: WebsocketCommunicator) -> None:
+        started = time.monotonic()
+        await ws.send_json_to({**CHAT, "params": {**CHAT["params"], "logit_bias": {"99999": 1}}})
+        frames = await _until(ws, "done", wait=5)
+        error = next(f for f in frames if f["type"] == "error")
+        assert error["status"] == 400 and error["param"] == "logit_bias" and time.monotonic() - started < 2
+        assert frames[-2]["type"] == "usage" and frames[-2]["record"]["status"] == 400
+        await ws.send_json_to(CHAT)
+        frames = await _until(ws, "done")
+        assert not any(f["type"] == "error" for f in frames) and frames[-2]["record"]["status"] == 200
+
+    with_worker(body)
+    assert sorted(UsageRecord.objects.values_list("status", flat=True)) == [200, 400]
 
 
 def test_next_or_cancel_without_a_turn_gets_an_answer(with_worker: Any) -> None:

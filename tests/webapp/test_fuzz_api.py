@@ -63,7 +63,9 @@ def numeric_fields() -> list[tuple[str, str, dict[str, Any]]]:
         name = ref.get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
         for field, schema in components.get(name, {}).get("properties", {}).items():
             for option in schema.get("anyOf", [schema]):
-                if option.get("type") in ("integer", "number") or "patternProperties" in option:
+                numbers = option.get("type") in ("integer", "number") or "patternProperties" in option
+                ids = option.get("type") == "array" and option.get("items", {}).get("type") == "integer"
+                if numbers or ids:
                     found.append((path, field, option))
     return found
 
@@ -81,8 +83,12 @@ BASES = {
 def out_of_range(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     """A valid body for one endpoint with one numeric or token-id field out of its range (or of the vocabulary)."""
     path, field, schema = draw(st.sampled_from(NUMERIC_FIELDS))
-    if "patternProperties" in schema:  # token ids: well-formed, beyond any vocabulary here
-        value: Any = {str(draw(st.integers(min_value=300, max_value=10**9 - 1))): draw(st.floats(-100, 100))}
+    beyond = st.integers(min_value=300, max_value=10**9 - 1)  # well-formed token ids, beyond any vocabulary here
+    if "patternProperties" in schema:  # token id -> bias: an id beyond the vocabulary, or a bias beyond +-100
+        bias = st.one_of(st.floats(-100, 100), st.floats(min_value=100.5, max_value=1e30), st.floats(-1e30, -100.5))
+        value: Any = {str(draw(beyond)): draw(bias)}
+    elif schema.get("type") == "array":  # a list of token ids with one beyond the vocabulary, or negative
+        value = [1, draw(st.one_of(beyond, st.integers(max_value=-1))), 2]
     else:
         low, high = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum")
         below = st.integers(max_value=int(low) - 1) if low is not None else st.nothing()
@@ -94,7 +100,7 @@ def out_of_range(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 
 
 @given(case=out_of_range())
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=90, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_out_of_range_numbers_and_ids_are_fast_4xx_with_one_usage_row(
     case: tuple[str, dict[str, Any]], daphne_server: Any, fuzz_key: str
 ) -> None:

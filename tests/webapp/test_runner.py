@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import queue
 import time
 from collections.abc import Iterator
@@ -205,8 +206,12 @@ def test_a_step_whose_bookkeeping_fails_ends_its_requests_in_errors_and_the_engi
     assert replies.until("reply.after", _finished)[-1]["type"] == "event"
 
 
-def test_a_request_the_engine_refuses_ends_at_once_in_the_askers_terms(runner: tuple[EngineRunner, Replies]) -> None:
-    """No engine command fails silently: the client's mistake is its 400, an engine fault a 500, both at once."""
+def test_a_request_the_engine_refuses_ends_at_once_in_the_askers_terms(
+    runner: tuple[EngineRunner, Replies], caplog: pytest.LogCaptureFixture
+) -> None:
+    """No engine command fails silently: the client's mistake is its 400, an engine fault a 500, both at once. The log
+    names the request and the error, never what the client sent."""
+    caplog.set_level(logging.INFO, logger="roundtrip.worker")
     engine, replies = runner
     bias = SamplingParams(max_tokens=4, logit_bias=((99_999, 1.0),))
     engine.submit(
@@ -228,3 +233,6 @@ def test_a_request_the_engine_refuses_ends_at_once_in_the_askers_terms(runner: t
     assert (error["type"], error["status"], error["code"]) == ("error", 500, "server_error")
     engine.submit("tiny", _generate("after"))
     assert replies.until("reply.after", _finished)[-1]["type"] == "event"
+    # the client's mistake is its answer, not a log line; the server's own fault is logged by request, with a traceback
+    said = {r.getMessage(): r for r in caplog.records}
+    assert list(said) == ["adding broken failed"] and said["adding broken failed"].exc_info is not None

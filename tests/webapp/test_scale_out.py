@@ -229,6 +229,12 @@ def test_two_workers_share_the_load_and_a_killed_one_fails_only_its_own_streams(
         )
         assert refused.status_code == 503 and time.monotonic() - sent < 3
         assert refused.json()["error"]["code"] == "no_worker" and "Retry-After" in refused.headers
+        with psycopg.connect(env["DATABASE_URL"]) as db:  # and its usage row says so
+            row = db.execute(
+                "SELECT status, error_code FROM usage_usagerecord WHERE request_id = %s",
+                (refused.headers["x-request-id"],),
+            ).fetchall()
+        assert row == [(503, "no_worker")]
     finally:
         stop(processes)
         for log in logs:

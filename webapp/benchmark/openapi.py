@@ -20,6 +20,10 @@ def bench_spec(server_url: str) -> dict[str, Any]:
     components["Result"] = result
     paths = {"/results/new": _save(), "/r/{slug}.json": _export("application/json", "The result, as JSON")}
     paths["/r/{slug}.csv"] = _export("text/csv", "One row per request (text that would run as a formula is escaped)")
+    paths["/r/{slug}/"] = _page("A kept result's read-only page", SLUG)
+    slugs = {"type": "array", "items": {"type": "string"}}
+    compared = [{"name": "r", "in": "query", "required": False, "schema": slugs}]
+    paths["/compare"] = _page("Up to six kept results in one table and one set of charts (?r=SLUG&r=SLUG)", compared)
     paths["/state"] = {
         "get": {
             "summary": "The engines' batch and queue now, from the workers' heartbeats",
@@ -59,6 +63,19 @@ def _save() -> dict[str, Any]:
                     "description": "Larger than the upload limit (ROUNDTRIP_MAX_BODY_BYTES, 1 MiB)",
                     "content": JSON_ERROR,
                 },
+            },
+        }
+    }
+
+
+def _page(what: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": what,
+            "parameters": parameters,
+            "responses": {
+                "200": {"description": what, "content": HTML},
+                "404": {"description": "No result with these links", "content": HTML},
             },
         }
     }

@@ -23,6 +23,7 @@ from typing import cast
 
 from inference import trace
 from inference.chat_template import Message
+from inference.errors import InvalidRequestError
 from inference.loader import LoadedModel
 from inference.memory import return_free_memory
 from inference.outputs import SequenceOutput
@@ -103,6 +104,18 @@ class Stop:
 
 
 Command = Add | Abort | Resume | Ask | Stop
+
+
+def _asker(command: Command) -> str:
+    """The request a command is for, for its log line."""
+    match command:
+        case Add(job=job):
+            return job.request_id
+        case Abort(request_id) | Resume(request_id):
+            return request_id
+        case Ask(question=question):
+            return question.request_id
+    return "(none)"
 
 
 class EngineRunner:
@@ -296,7 +309,7 @@ class EngineRunner:
             try:
                 self._run_command(command)
             except Exception as exc:  # a bad command must not stop the engine, nor leave its asker waiting
-                log.exception("engine command %s failed", type(command).__name__)
+                log.exception("engine command %s for %s failed", type(command).__name__, _asker(command))
                 self._command_failed(command, exc)
             try:
                 command = self._commands.get_nowait()
@@ -341,7 +354,9 @@ class EngineRunner:
         except Exception as exc:  # full, could never fit, or refused: the request fails, the worker goes on
             for sequence in job.running:
                 served.scheduler.abort(sequence)
-            if not isinstance(exc, (QueueFullError, KVBudgetExceededError)):
+            if isinstance(exc, InvalidRequestError):  # the client's mistake: one line, no traceback, no request text
+                log.info("refused %s: %s", job.request_id, exc)
+            elif not isinstance(exc, (QueueFullError, KVBudgetExceededError)):
                 log.exception("adding %s failed", job.request_id)
             failed = wire.overloaded(job.request_id, exc.waiting) if isinstance(exc, QueueFullError) else None
             self._finish(job, failed or wire.error_reply(job.request_id, exc))
