@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -48,3 +49,17 @@ def test_a_broken_or_silent_layer_is_a_503_with_retry_after(
     with override_settings(ROUNDTRIP_WORKER_TIMEOUT=0.2), pytest.raises(GatewayError) as info:
         run_async(client.generate(ROUTE, [{"role": "user", "content": "hi"}], SamplingParams()))
     assert info.value.status == 503 and info.value.code == code and "Retry-After" in info.value.headers
+
+
+def test_a_model_no_worker_ever_started_loading_is_a_503_after_the_start_timeout() -> None:
+    """On the real (in-memory) layer with no worker at all: refused as `no_worker` once ROUNDTRIP_WORKER_START_TIMEOUT
+    has passed, not after the 120 s a worker that took the job may stay silent."""
+    cache.clear()  # no heartbeat, no load progress: nobody has started loading the model
+    started = time.monotonic()
+    with (
+        override_settings(ROUNDTRIP_WORKER_START_TIMEOUT=0.3, ROUNDTRIP_WORKER_TIMEOUT=120),
+        pytest.raises(GatewayError) as info,
+    ):
+        run_async(client.generate(ROUTE, [{"role": "user", "content": "hi"}], SamplingParams()))
+    assert info.value.status == 503 and info.value.code == "no_worker" and "Retry-After" in info.value.headers
+    assert 0.3 <= time.monotonic() - started < 3
