@@ -183,9 +183,9 @@ ROUNDTRIP_PREFIX_CACHE_BYTES = env_bytes("ROUNDTRIP_PREFIX_CACHE_BYTES", 128 * 1
 # How a worker loads its models (device, weight format, KV cache, our CPU kernels, the cache of converted weights),
 # checked here so a mistyped value stops the start naming the variable and its choices.
 ROUNDTRIP_LOAD = load_config("ROUNDTRIP_")
-# seconds without a word from a worker that still beats
 # Seconds a request sent to a model's shared channel waits for any worker to start loading it (after that, 503).
 ROUNDTRIP_WORKER_START_TIMEOUT = env_int("ROUNDTRIP_WORKER_START_TIMEOUT", 15)
+# Seconds without a word from a worker that took a request and still beats (after that, 503 worker_timeout).
 ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)
 ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
 

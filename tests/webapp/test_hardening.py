@@ -143,6 +143,15 @@ def test_the_benchmark_pages_save_refuses_what_it_cannot_keep_and_exports_stay_s
     csv_text = client.get(f"/bench/r/{slug}.csv").text
     assert "'=cmd" in csv_text and "'@SUM(A1)" in csv_text and "'+1" in csv_text and ",12.5," in csv_text
     assert client.get(f"/bench/compare?r={slug}").status_code == 200
+    # a result kept before saves were checked, with lanes that are not lanes: its pages still answer, showing the rest
+    from webapp.benchmark.models import BenchResult
+
+    old = BenchResult.objects.create(
+        title="old", settings=settings, lanes=[1, "x", None, {"name": "ok", "runs": [run]}]
+    )
+    for path in (f"/bench/r/{old.slug}.csv", f"/bench/r/{old.slug}/", f"/bench/compare?r={old.slug}&r={slug}"):
+        assert client.get(path).status_code == 200, path
+    assert "ok" in client.get(f"/bench/r/{old.slug}.csv").text
 
 
 def test_multipart_without_a_boundary_gets_an_openai_shaped_400_and_a_usage_row(
