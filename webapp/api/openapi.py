@@ -86,6 +86,13 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
                 "responses": {"200": {"description": "A list of models"}, **_errors(401, 500)},
             }
         },
+        "/models/{model}": {
+            "get": {
+                "summary": "One model, by its id or an alias",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "The model"}, **_errors(401, 404, 500)},
+            }
+        },
         "/tokenize": _post(
             "Token ids and token strings for a text",
             _schema(TokenizeRequest, components),

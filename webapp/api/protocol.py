@@ -140,6 +140,10 @@ class NamedToolChoice(StrictModel):
 class StreamOptions(StrictModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: running usage counts in every chunk
+    include_obfuscation: bool = Field(
+        True,
+        description="Accepted; chunks here carry no obfuscation padding (the stream is not sent to third parties).",
+    )
 
 
 Probability = Annotated[float, Field(ge=0, le=1)]
@@ -231,6 +235,9 @@ class ChatCompletionRequest(SamplingFields):
         description="vLLM's: the last message is the assistant's unfinished answer, and "
         "generation continues its text instead of starting a new turn.",
     )
+    # The legacy function-calling fields, mapped onto tools and tool_choice (the answer comes as tool calls).
+    functions: list[FunctionDefinition] | None = Field(None, max_length=MAX_TOOLS, description="Legacy: as tools.")
+    function_call: Literal["none", "auto"] | NamedFunction | None = Field(None, description="Legacy: as tool_choice.")
     # Accepted for compatibility; they change nothing here (listed in x-roundtrip-ignored-fields).
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -238,9 +245,20 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: str | None = None
     modalities: list[str] | None = None
     prediction: dict[str, Any] | None = None
+    prompt_cache_key: str | None = Field(None, description="Accepted: the prefix cache here needs no key.")
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    # Capabilities this server does not have: refused naming the field, rather than answered without them.
+    web_search_options: dict[str, Any] | None = Field(None, description="Refused: no web search here.")
+    audio: dict[str, Any] | None = Field(None, description="Refused: no audio output here.")
+    moderation: dict[str, Any] | None = Field(None, description="Refused: no moderation here.")
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
+        self._refuse_missing_capabilities()
+        self._map_legacy_functions()
         if self.top_logprobs and not self.logprobs:
             raise _Conflict("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
         self._check_stream_options()
@@ -260,6 +278,24 @@ class ChatCompletionRequest(SamplingFields):
             )
         return self
 
+    def _refuse_missing_capabilities(self) -> None:
+        lacking = {"web_search_options": "web search", "audio": "audio output", "moderation": "moderation"}
+        for name, what in lacking.items():
+            if getattr(self, name) is not None:
+                raise _Conflict(name, f"'{name}' asks for {what}, which this server does not have; leave it out.")
+
+    def _map_legacy_functions(self) -> None:
+        """`functions` become function tools and `function_call` the tool choice, as OpenAI's deprecation maps them."""
+        if self.functions is None and self.function_call is None:
+            return
+        if self.tools is not None or self.tool_choice is not None:
+            raise _Conflict(
+                "functions", "Give 'tools' and 'tool_choice', or the legacy 'functions' and 'function_call'."
+            )
+        self.tools = [ToolDefinition(type="function", function=f) for f in self.functions or ()]
+        call = self.function_call
+        self.tool_choice = NamedToolChoice(type="function", function=call) if isinstance(call, NamedFunction) else call
+
     IGNORED: ClassVar[tuple[str, ...]] = (
         "metadata",
         "store",
@@ -267,6 +303,11 @@ class ChatCompletionRequest(SamplingFields):
         "reasoning_effort",
         "modalities",
         "prediction",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "verbosity",
     )
 
     @property

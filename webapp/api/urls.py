@@ -6,6 +6,7 @@ urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
     path("completions", views.completions, name="completions"),
     path("models", views.models, name="models"),
+    path("models/<path:model_id>", views.model, name="model"),
     path("tokenize", views.tokenize, name="tokenize"),
     path("detokenize", views.detokenize, name="detokenize"),
     path("openapi.json", views.openapi, name="openapi"),

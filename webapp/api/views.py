@@ -33,13 +33,14 @@ from webapp.api.protocol import (
     parse,
 )
 from webapp.api.responses import chat_stream, complete, error_response, text_stream
-from webapp.catalog import configured_models
+from webapp.catalog import ModelRoute, configured_models
 from webapp.gateway import client
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
 from webapp.gateway.lifecycle import Turn
+from webapp.gateway.routing import resolve, unknown_model
 from webapp.transport import APP_HEADER_BYTES
 from webapp.worker import wire
 from webapp.worker.registry import model_load
@@ -77,7 +78,7 @@ def _method_not_allowed(request: HttpRequest, allowed: str) -> GatewayError:
     )
 
 
-ApiView = Callable[[HttpRequest, Turn], Awaitable[HttpResponse]]
+ApiView = Callable[..., Awaitable[HttpResponse]]  # (request, turn, **the URL's arguments)
 
 
 def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRequest], Awaitable[HttpResponse]]]:
@@ -86,13 +87,13 @@ def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRe
     def wrap(view: ApiView) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
         @csrf_exempt
         @functools.wraps(view)
-        async def endpoint_view(request: HttpRequest) -> HttpResponse:
+        async def endpoint_view(request: HttpRequest, **arguments: str) -> HttpResponse:
             turn = Turn(endpoint, client_ip(request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR")))
             if too_large := _headers_too_large(request):
                 return await _refused(turn, too_large)
             if request.method != method:
                 return await _refused(turn, _method_not_allowed(request, method))
-            return await view(request, turn)
+            return await view(request, turn, **arguments)
 
         return endpoint_view
 
@@ -192,20 +193,36 @@ async def models(request: HttpRequest, turn: Turn) -> HttpResponse:
         identity = await _authenticate(turn, request)
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
-    data = [
-        {
-            "id": r.id,
-            "object": "model",
-            "created": 0,
-            "owned_by": "roundtrip",
-            "aliases": list(r.aliases),
-            "status": wire.plain(await sync_to_async(model_load)(r.id)),
-        }
-        for r in configured_models()
-        if identity.may_use(r.id)
-    ]
+    data = [await _model_object(r) for r in configured_models() if identity.may_use(r.id)]
     await turn.settle()
     return JsonResponse({"object": "list", "data": data}, headers=turn.ctx.headers())
+
+
+@api_view("GET", "models.retrieve")
+async def model(request: HttpRequest, turn: Turn, model_id: str) -> HttpResponse:
+    """GET /v1/models/{id}: one model, by its id or an alias; 404 `model_not_found` for one this key may not use."""
+    try:
+        identity = await _authenticate(turn, request)
+        route = resolve(model_id)
+        if not identity.may_use(route.id):
+            raise unknown_model(model_id)  # a key is not told of models it may not use
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    data = await _model_object(route)
+    await turn.settle()
+    return JsonResponse(data, headers=turn.ctx.headers())
+
+
+async def _model_object(route: ModelRoute) -> dict[str, Any]:
+    """A model as OpenAI lists one, with its aliases and load state (fields clients ignore)."""
+    return {
+        "id": route.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "roundtrip",
+        "aliases": list(route.aliases),
+        "status": wire.plain(await sync_to_async(model_load)(route.id)),
+    }
 
 
 @api_view("POST", "tokenize")

@@ -113,7 +113,8 @@ def _fingerprint(model: str, weights: str) -> str:
 
 class Turn:
     def __init__(self, endpoint: str, client_ip: str | None, stream: bool = False) -> None:
-        self.ctx = RequestContext(client.new_request_id(), endpoint, client_ip, stream=stream)
+        prefix = "cmpl" if endpoint == "completions" else "chatcmpl"  # the legacy endpoint's ids, as OpenAI's
+        self.ctx = RequestContext(client.new_request_id(prefix), endpoint, client_ip, stream=stream)
         self.generation: client.Generation | None = None
         self.usage = Usage()
         self.status, self.error_code = 200, ""

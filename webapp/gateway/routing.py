@@ -11,8 +11,12 @@ def resolve(name: str) -> ModelRoute:
     route = by_name().get(name)
     if route is not None:
         return route
+    raise unknown_model(name)
+
+
+def unknown_model(name: str) -> GatewayError:
     valid = ", ".join(r.id for r in configured_models())
-    raise GatewayError(
+    return GatewayError(
         404,
         f"The model {name!r} does not exist. Available models: {valid}.",
         "invalid_request_error",
