@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from webapp.api.anthropic_protocol import CountTokensRequest, MessagesRequest
 from webapp.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -79,6 +80,19 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
             "A text_completion object, or text/event-stream of text_completion chunks ending with [DONE]",
             GENERATION_ERRORS,
             streamed=True,
+        ),
+        "/messages": _post(
+            "Anthropic's Messages API (the key as x-api-key or a bearer token; Anthropic's events when stream is true)",
+            _schema(MessagesRequest, components),
+            "A message object, or text/event-stream of Anthropic's events (message_start … message_stop)",
+            GENERATION_ERRORS,
+            streamed=True,
+        ),
+        "/messages/count_tokens": _post(
+            "The prompt's tokens as the model reads them, in Anthropic's shape",
+            _schema(CountTokensRequest, components),
+            "input_tokens",
+            (400, 401, 403, 404, 413, 431, 500, 503),
         ),
         "/models": {
             "get": {

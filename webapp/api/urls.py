@@ -5,6 +5,8 @@ from webapp.api import views
 urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
     path("completions", views.completions, name="completions"),
+    path("messages", views.messages, name="messages"),
+    path("messages/count_tokens", views.count_tokens, name="messages-count-tokens"),
     path("models", views.models, name="models"),
     path("models/<path:model_id>", views.model, name="model"),
     path("tokenize", views.tokenize, name="tokenize"),

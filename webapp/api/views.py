@@ -18,6 +18,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
+from webapp.api import anthropic_responses
+from webapp.api.anthropic_protocol import CountTokensRequest, MessagesRequest
 from webapp.api.completions import (
     choices_for,
     completion,
@@ -105,6 +107,8 @@ async def _authenticate(turn: Turn, request: HttpRequest) -> Identity:
     page's CSRF token, so another site cannot spend a visitor's session — under the session limits."""
     started = time.perf_counter()
     authorization = request.headers.get("Authorization")
+    if authorization is None and (key := request.headers.get("x-api-key")):  # Anthropic's SDK sends the key so
+        authorization = f"Bearer {key}"
     if authorization is None and request.headers.get("X-CSRFToken") and await sync_to_async(_csrf_ok)(request):
         user = await request.auser()
         identity = identify_session(
@@ -266,3 +270,57 @@ async def detokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
 
 async def openapi(request: HttpRequest) -> HttpResponse:
     return JsonResponse(openapi_spec(request.build_absolute_uri("/v1")))
+
+
+async def _refused_anthropic(turn: Turn, exc: BaseException) -> JsonResponse:
+    """As `_refused`, with the error in Anthropic's shape."""
+    error = turn.fail(exc)
+    await turn.settle()
+    if isinstance(exc, asyncio.CancelledError):
+        raise exc
+    return anthropic_responses.error_response(error, turn.ctx.headers())
+
+
+@api_view("POST", "messages")
+async def messages(request: HttpRequest, turn: Turn) -> HttpResponse:
+    """Anthropic's Messages API, served as the chat request it translates to (`anthropic_protocol`)."""
+    try:
+        await _authenticate(turn, request)
+        body: MessagesRequest = parse(MessagesRequest, _body(request))
+        chat = body.as_chat()
+        turn.ctx.stream, turn.ctx.end_user = body.stream, chat.user or ""
+        turn.ctx.prompt_text = json.dumps(chat.chat_messages, ensure_ascii=False)
+        await turn.admit(chat.model)
+        await turn.generate(chat.chat_messages, chat.params, tools=chat.tool_definitions)
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused_anthropic(turn, exc)
+    choice = choices_for(1, False, tools=bool(chat.offered_tools))[0]
+    if body.stream:
+        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        stream = anthropic_responses.message_stream(turn, choice)
+        return StreamingHttpResponse(stream, content_type="text/event-stream", headers=headers)
+    try:
+        async for message in turn.messages():
+            if isinstance(message, client.ChoiceEvent):
+                choice.feed(message.event)
+        return JsonResponse(anthropic_responses.message(turn, choice), headers=turn.ctx.headers())
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused_anthropic(turn, exc)
+    finally:
+        await turn.settle()
+
+
+@api_view("POST", "messages.count_tokens")
+async def count_tokens(request: HttpRequest, turn: Turn) -> HttpResponse:
+    """The prompt's tokens as the model would see them: `{"input_tokens": n}`."""
+    try:
+        identity = await _authenticate(turn, request)
+        body: CountTokensRequest = parse(CountTokensRequest, _body(request))
+        route = route_model(turn.ctx, identity, body.model)
+        tools = [t["function"] for t in body.chat_tools or ()] or None
+        answer = await client.tokenize(route, messages=body.chat_messages, tools=tools)
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused_anthropic(turn, exc)
+    turn.usage.prompt_tokens = len(answer.ids)
+    await turn.settle()
+    return JsonResponse({"input_tokens": len(answer.ids)}, headers=turn.ctx.headers())

@@ -32,9 +32,9 @@ R = TypeVar("R", bound=wire.Reply)
 Q = TypeVar("Q", bound=wire.Question)
 
 
-def new_request_id(prefix: str = "chatcmpl") -> str:
-    """An id as OpenAI writes them: `chatcmpl-…` for chat, `cmpl-…` for legacy completions."""
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+def new_request_id(prefix: str = "chatcmpl-") -> str:
+    """An id as each API writes them: `chatcmpl-…` for chat, `cmpl-…` for legacy completions, `msg_…` for messages."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 def _layer() -> BaseChannelLayer:

@@ -113,7 +113,7 @@ def _fingerprint(model: str, weights: str) -> str:
 
 class Turn:
     def __init__(self, endpoint: str, client_ip: str | None, stream: bool = False) -> None:
-        prefix = "cmpl" if endpoint == "completions" else "chatcmpl"  # the legacy endpoint's ids, as OpenAI's
+        prefix = {"completions": "cmpl-", "messages": "msg_"}.get(endpoint, "chatcmpl-")  # ids as each API writes them
         self.ctx = RequestContext(client.new_request_id(prefix), endpoint, client_ip, stream=stream)
         self.generation: client.Generation | None = None
         self.usage = Usage()
