@@ -64,9 +64,27 @@ def _post(
 
 
 def openapi_spec(server_url: str) -> dict[str, Any]:
-    """Generated from the request models in `webapp.api.protocol`: what validates a request is what this describes."""
+    """Generated from the request models in `webapp.api.protocol` (and `anthropic_protocol`): what validates a request
+    is what this describes."""
     components: dict[str, Any] = {"Error": ERROR_SCHEMA}
-    paths = {
+    paths = {**_generation_paths(components), **_lookup_paths(components)}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Roundtrip API",
+            "version": "1",
+            "description": "OpenAI-compatible chat completions on a real model, with server-side timings.",
+        },
+        "servers": [{"url": server_url}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": components},
+    }
+
+
+def _generation_paths(components: dict[str, Any]) -> dict[str, Any]:
+    """The endpoints that run the model."""
+    return {
         "/chat/completions": _post(
             "Create a chat completion (stream with SSE when stream is true)",
             _schema(ChatCompletionRequest, components),
@@ -94,6 +112,12 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
             "input_tokens",
             (400, 401, 403, 404, 413, 431, 500, 503),
         ),
+    }
+
+
+def _lookup_paths(components: dict[str, Any]) -> dict[str, Any]:
+    """The endpoints that only look things up: models, tokens."""
+    return {
         "/models": {
             "get": {
                 "summary": "List the models this key may use",
@@ -119,16 +143,4 @@ def openapi_spec(server_url: str) -> dict[str, Any]:
             "text",
             (400, 401, 403, 404, 413, 431, 500, 503),
         ),
-    }
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "Roundtrip API",
-            "version": "1",
-            "description": "OpenAI-compatible chat completions on a real model, with server-side timings.",
-        },
-        "servers": [{"url": server_url}],
-        "security": [{"bearer": []}],
-        "paths": paths,
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": components},
     }
