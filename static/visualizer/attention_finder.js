@@ -10,7 +10,7 @@ const SHOWN = 8; // the strongest layer/head pairs listed
 const WALKTHROUGH = { question: "What's the capital of India?", query: " India", key: " capital" };
 
 // [{layer, head, weight}] for the key at index `i` of the forward's attention positions, strongest first.
-export function rankHeads(attention, i) {
+function rankHeads(attention, i) {
   const [layers, heads] = attention.shape;
   const ranked = [];
   for (let layer = 0; layer < layers; layer++) {

@@ -3,7 +3,7 @@
 // box beside it, for touch screens and keyboards.
 import { el } from "./dom.js";
 
-export const TERMS = {
+const TERMS = {
   token: "A piece of text the model knows as one unit: a word, part of a word, a space with a word, or punctuation. The model reads and writes tokens, never letters.",
   "token id": "A token's number in the model's vocabulary. The model only ever sees these numbers.",
   BPE: "Byte-pair encoding: the tokenizer starts from a word's bytes and applies learned merges, most frequent pair first, until no merge applies; what is left are the tokens.",
@@ -68,12 +68,6 @@ export function defineTerms(root = document) {
     term.title = meaning ?? "";
     term.tabIndex = 0;
   }
-}
-
-// A <dfn> for a term, for views drawn in script.
-export function term(name, text = name) {
-  const node = el("dfn", { "data-term": name, title: TERMS[name], tabIndex: 0 }, text);
-  return node;
 }
 
 document.addEventListener("click", (event) => {

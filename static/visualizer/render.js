@@ -49,7 +49,7 @@ const cursor = { step: null, moved: false };
 const FOLLOWS_CURSOR = ["forward", "sampling", "loop", "detok"];
 
 // The step the token stages show.
-export function shownStep(run) {
+function shownStep(run) {
   return Math.min(cursor.step ?? run.lastStep, run.lastStep);
 }
 
@@ -162,7 +162,7 @@ function drawRequest(run) {
 
 // The page's chat message as the API takes it: the same model, messages and sampling fields, streamed, with the usage
 // chunk at the end (the page's own options, level and step, are the page's).
-export function apiRequest(request) {
+function apiRequest(request) {
   const more = request.continue_final_message ? { continue_final_message: true } : {};
   return { model: request.model, messages: request.messages, ...request.params, ...more, stream: true, stream_options: { include_usage: true } };
 }
@@ -201,7 +201,7 @@ function drawGateway(run) {
 }
 
 // US dollars with the digits a tiny amount needs: $0.40, $0.0000063.
-export function usd(value) {
+function usd(value) {
   if (!value) return "$0";
   const digits = Math.max(2, Math.min(12, 2 - Math.floor(Math.log10(value)))); // two significant digits at least
   return `$${value.toFixed(digits).replace(/(\.\d\d\d*?)0+$/, "$1")}`;

@@ -2,11 +2,13 @@
 // of the picked one (the newest until another is picked), drawn by the chat page's own renderer from the frames the
 // gateway publishes while someone watches (API requests are traced at summary level meanwhile).
 import { el } from "./dom.js";
+import { defineTerms } from "./glossary.js";
 import { Player } from "./player.js";
 import { drawRun } from "./render.js";
 import { Run } from "./run.js";
 import { PipelineSocket } from "./socket.js";
 
+defineTerms(); // the stages' terms, as on the chat page
 const watched = new Map(); // request id -> {run, card}
 let newest = null;
 let picked = null; // null: follow the newest
