@@ -56,25 +56,19 @@ def test_a_message_is_answered_streamed_or_not_with_the_same_text(daphne_server:
 def test_a_tool_is_used_and_its_result_answered(daphne_server: Any, make_key: Any) -> None:
     client = sdk(daphne_server, make_key())
     ask = [{"role": "user", "content": "What's the weather in Paris?"}]
-    reply = client.messages.create(
-        model="smollm2",
-        max_tokens=60,
-        extra_body={"temperature": 0},
-        messages=ask,  # type: ignore[arg-type]
-        tools=[WEATHER],  # type: ignore[list-item]
-        tool_choice={"type": "tool", "name": "get_weather"},
-    )
+    forced: dict[str, Any] = {
+        "model": "smollm2",
+        "max_tokens": 60,
+        "extra_body": {"temperature": 0},
+        "messages": ask,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    }
+    reply = client.messages.create(**forced)
     assert reply.stop_reason == "tool_use"
     use = next(b for b in reply.content if b.type == "tool_use")
     assert use.name == "get_weather" and isinstance(use.input, dict) and "city" in use.input  # type: ignore[union-attr]
-    with client.messages.stream(
-        model="smollm2",
-        max_tokens=60,
-        extra_body={"temperature": 0},
-        messages=ask,  # type: ignore[arg-type]
-        tools=[WEATHER],  # type: ignore[list-item]
-        tool_choice={"type": "tool", "name": "get_weather"},
-    ) as stream:
+    with client.messages.stream(**forced) as stream:
         streamed = stream.get_final_message()
     streamed_use = next(b for b in streamed.content if b.type == "tool_use")
     assert streamed_use.input == use.input and streamed.stop_reason == "tool_use"  # type: ignore[union-attr]

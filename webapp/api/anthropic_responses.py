@@ -15,6 +15,7 @@ from django.http import JsonResponse
 from webapp.api.completions import Choice
 from webapp.api.responses import choice_events
 from webapp.gateway.errors import GatewayError
+from webapp.gateway.gateway import RequestContext
 from webapp.gateway.lifecycle import Turn
 
 ERROR_TYPES = {
@@ -33,8 +34,8 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
-def error_response(error: GatewayError, headers: dict[str, str]) -> JsonResponse:
-    return JsonResponse(error_body(error), status=error.status, headers={**headers, **error.headers})
+def error_response(error: GatewayError, ctx: RequestContext) -> JsonResponse:
+    return JsonResponse(error_body(error), status=error.status, headers={**ctx.headers(), **error.headers})
 
 
 def stop_reason(choice: Choice) -> str:

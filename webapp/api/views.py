@@ -39,7 +39,7 @@ from webapp.catalog import ModelRoute, configured_models
 from webapp.gateway import client
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import GatewayError
-from webapp.gateway.gateway import route_model
+from webapp.gateway.gateway import RequestContext, route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
 from webapp.gateway.lifecycle import Turn
 from webapp.gateway.routing import resolve, unknown_model
@@ -130,13 +130,16 @@ def _csrf_ok(request: HttpRequest) -> bool:
     return CsrfViewMiddleware(lambda r: HttpResponse()).process_view(request, _checked, (), {}) is None
 
 
-async def _refused(turn: Turn, exc: BaseException) -> JsonResponse:
-    """The turn ended before generating: settle it and answer with the error (a client that left gets nothing)."""
+async def _refused(
+    turn: Turn, exc: BaseException, shape: Callable[[GatewayError, RequestContext], JsonResponse] = error_response
+) -> JsonResponse:
+    """The turn ended before generating: settle it and answer with the error in the API's `shape` (OpenAI's unless
+    said; a client that left gets nothing)."""
     error = turn.fail(exc)
     await turn.settle()
     if isinstance(exc, asyncio.CancelledError):
         raise exc
-    return error_response(error, turn.ctx)
+    return shape(error, turn.ctx)
 
 
 @api_view("POST", "chat.completions")
@@ -229,17 +232,32 @@ async def _model_object(route: ModelRoute) -> dict[str, Any]:
     }
 
 
+async def _tokenized(
+    turn: Turn,
+    identity: Identity,
+    model: str,
+    text: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[ModelRoute, wire.Tokens]:
+    """The model's tokens for a text or a templated conversation; they are the request's usage."""
+    route = route_model(turn.ctx, identity, model)
+    answer = await client.tokenize(route, text, messages, tools)
+    turn.usage.prompt_tokens = len(answer.ids)
+    return route, answer
+
+
 @api_view("POST", "tokenize")
 async def tokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
     """POST {"model", "text"} → the ids and token strings the model would see for that text."""
     try:
         identity = await _authenticate(turn, request)
         body: TokenizeRequest = parse(TokenizeRequest, _body(request))
-        route = route_model(turn.ctx, identity, body.model)
-        answer = await client.tokenize(route, body.text, body.chat_messages, body.tool_definitions)
+        route, answer = await _tokenized(
+            turn, identity, body.model, body.text, body.chat_messages, body.tool_definitions
+        )
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
-    turn.usage.prompt_tokens = len(answer.ids)
     await turn.settle()
     out: dict[str, Any] = {
         "model": route.id,
@@ -272,15 +290,6 @@ async def openapi(request: HttpRequest) -> HttpResponse:
     return JsonResponse(openapi_spec(request.build_absolute_uri("/v1")))
 
 
-async def _refused_anthropic(turn: Turn, exc: BaseException) -> JsonResponse:
-    """As `_refused`, with the error in Anthropic's shape."""
-    error = turn.fail(exc)
-    await turn.settle()
-    if isinstance(exc, asyncio.CancelledError):
-        raise exc
-    return anthropic_responses.error_response(error, turn.ctx.headers())
-
-
 @api_view("POST", "messages")
 async def messages(request: HttpRequest, turn: Turn) -> HttpResponse:
     """Anthropic's Messages API, served as the chat request it translates to (`anthropic_protocol`)."""
@@ -293,7 +302,7 @@ async def messages(request: HttpRequest, turn: Turn) -> HttpResponse:
         await turn.admit(chat.model)
         await turn.generate(chat.chat_messages, chat.params, tools=chat.tool_definitions)
     except (Exception, asyncio.CancelledError) as exc:
-        return await _refused_anthropic(turn, exc)
+        return await _refused(turn, exc, anthropic_responses.error_response)
     choice = choices_for(1, False, tools=bool(chat.offered_tools))[0]
     if body.stream:
         headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -305,7 +314,7 @@ async def messages(request: HttpRequest, turn: Turn) -> HttpResponse:
                 choice.feed(message.event)
         return JsonResponse(anthropic_responses.message(turn, choice), headers=turn.ctx.headers())
     except (Exception, asyncio.CancelledError) as exc:
-        return await _refused_anthropic(turn, exc)
+        return await _refused(turn, exc, anthropic_responses.error_response)
     finally:
         await turn.settle()
 
@@ -316,11 +325,9 @@ async def count_tokens(request: HttpRequest, turn: Turn) -> HttpResponse:
     try:
         identity = await _authenticate(turn, request)
         body: CountTokensRequest = parse(CountTokensRequest, _body(request))
-        route = route_model(turn.ctx, identity, body.model)
         tools = [t["function"] for t in body.chat_tools or ()] or None
-        answer = await client.tokenize(route, messages=body.chat_messages, tools=tools)
+        _, answer = await _tokenized(turn, identity, body.model, messages=body.chat_messages, tools=tools)
     except (Exception, asyncio.CancelledError) as exc:
-        return await _refused_anthropic(turn, exc)
-    turn.usage.prompt_tokens = len(answer.ids)
+        return await _refused(turn, exc, anthropic_responses.error_response)
     await turn.settle()
     return JsonResponse({"input_tokens": len(answer.ids)}, headers=turn.ctx.headers())
