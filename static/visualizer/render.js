@@ -331,7 +331,8 @@ function drawForward(run, f) {
 function drawPlain(run, f) {
   const c = run.context;
   const n = f.step + 1; // the token this pass produced
-  const fed = f.phase === "prefill" ? `the prompt's ${f.n_tokens} tokens, all in one pass (the prefill)` : `“${tokenAt(run, f.position)?.text ? visible(tokenAt(run, f.position).text) : "?"}”, the answer's latest token, at position ${f.position}`;
+  const reused = c?.cached_tokens ? ` not already in the prefix cache (${c.cached_tokens} were)` : "";
+  const fed = f.phase === "prefill" ? `the prompt's ${f.n_tokens} tokens${reused}, all in one pass (the prefill)` : `“${tokenAt(run, f.position)?.text ? visible(tokenAt(run, f.position).text) : "?"}”, the answer's latest token, at position ${f.position}`;
   const width = c?.dim ? `, each carried as a list of ${c.dim.toLocaleString()} numbers` : "";
   const items = [["in", `In goes ${fed}${width}.`]];
   const layers = c?.n_layers ?? (f.detail ? f.detail.residual_norms.length - 1 : "every");
