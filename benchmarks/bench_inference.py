@@ -213,10 +213,14 @@ async def _served_rates(url: str, key: str, pid: int, n: int) -> dict[str, Any]:
                 )
             )
             async for raw in ws:
-                frame = json.loads(raw)
-                if frame["type"] == "trace" and frame["event"]["event"] == "sampled":
-                    stamps.append(time.perf_counter())
-                if frame["type"] in ("done", "error"):
+                # a message holds one frame, or an array of the frames that were ready together (the page's pacing
+                # sends at most one message per 150 ms once the answer streams: the rate is read first to last token)
+                data = json.loads(raw)
+                frames = data if isinstance(data, list) else [data]
+                stamps += [
+                    time.perf_counter() for f in frames if f["type"] == "trace" and f["event"]["event"] == "sampled"
+                ]
+                if any(f["type"] in ("done", "error") for f in frames):
                     break
         return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
