@@ -209,6 +209,10 @@ ROUNDTRIP_USER_LIMITS = env_json(
     {"requests_per_minute": 60, "tokens_per_minute": 100000, "concurrent_streams": 4, "tokens_per_day": 0},
 )
 ROUNDTRIP_STORE_PROMPTS = env_bool("ROUNDTRIP_STORE_PROMPTS", False)  # keep prompt text in usage records
+# Responses API answers kept for GET /v1/responses/{id} and previous_response_id (with `store`, the default): at most
+# this many (the oldest go first), each for this many days.
+ROUNDTRIP_RESPONSES_KEEP = env_int("ROUNDTRIP_RESPONSES_KEEP", 10000)
+ROUNDTRIP_RESPONSES_DAYS = env_int("ROUNDTRIP_RESPONSES_DAYS", 30)
 ROUNDTRIP_MAX_BODY_BYTES = env_int("ROUNDTRIP_MAX_BODY_BYTES", 1024 * 1024)
 # /metrics: with a token, any client that sends `Authorization: Bearer <token>`; without one, loopback only.
 ROUNDTRIP_METRICS_TOKEN = env_str("ROUNDTRIP_METRICS_TOKEN", "")

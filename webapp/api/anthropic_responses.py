@@ -51,7 +51,7 @@ def usage(turn: Turn) -> dict[str, int]:
 def message(turn: Turn, choice: Choice) -> dict[str, Any]:
     """The whole answer: a text block (when there is text), then a tool_use block per call."""
     assert turn.ctx.route is not None
-    text = choice.content.strip() if choice.parser.calls else choice.content
+    text = choice.content
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     content += [
         {"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments or "{}")}

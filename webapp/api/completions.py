@@ -76,10 +76,9 @@ class Choice:
 
     def message(self) -> dict[str, Any]:
         """The whole assistant message: content (None when there are only tool calls), refusal, tool_calls."""
-        content = self.content.strip() if self.parser.calls else self.content
         out: dict[str, Any] = {
             "role": "assistant",
-            "content": content or (None if self.parser.calls else ""),
+            "content": self.content or (None if self.parser.calls else ""),
             "refusal": None,
         }
         if self.parser.calls:

@@ -339,7 +339,7 @@ class ChatCompletionRequest(SamplingFields):
         """What the output must follow: a forced call, a JSON answer, either, or nothing (free text)."""
         functions = [structured.Function(f.name, f.parameters) for f in self.offered_tools]
         forced = self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
-        several = self.parallel_tool_calls is not False and not isinstance(self.tool_choice, NamedToolChoice)
+        several = self.parallel_tool_calls is True and not isinstance(self.tool_choice, NamedToolChoice)
         answer = self.response_format.answer_schema if self.response_format else None
         return structured.grammar(answer, functions, forced, several)
 

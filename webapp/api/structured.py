@@ -6,6 +6,18 @@ call (`tool_choice` "required" or a named function) makes it `<tool_call>` block
 `inference.tool_prompt`); with tools on "auto" and a JSON response format, the answer is one or
 the other. JSON is written compactly with ", " and ": " and no other whitespace, so a small model
 cannot wander into blank lines. Built here as plain text: the web side needs no grammar library.
+
+Answers that end. A small model can open a string or a list and never close it; the grammar bounds what a schema
+leaves open, so the answer closes on its own well before a typical `max_tokens`:
+- a string with no `maxLength`, `enum`, `const`, `pattern` or `format` holds at most MAX_STRING characters; an array
+  with no `maxItems` at most MAX_ITEMS items;
+- an object schema that lists `properties` allows only those keys, as OpenAI's strict mode does, unless it says
+  otherwise with `additionalProperties` or `patternProperties` (strict or not: a non-strict schema differs only in
+  that its optional properties may be left out);
+- an object with no `properties` (json_object's answer, a tool without `parameters`) is any JSON object nested at
+  most ANY_DEPTH deep, with at most MAX_MEMBERS keys of at most MAX_KEY characters each, its strings and arrays
+  bounded as above;
+- a forced call is one call, or with `parallel_tool_calls: true` at most MAX_PARALLEL_CALLS.
 """
 
 from __future__ import annotations
@@ -17,6 +29,12 @@ from typing import Any
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+MAX_STRING = 256  # characters in a JSON string the schema leaves unbounded
+MAX_ITEMS = 32  # items in an array the schema leaves unbounded
+MAX_KEY = 32  # characters in a key of an object with no listed properties
+MAX_MEMBERS = 12  # keys in an object with no listed properties
+ANY_DEPTH = 3  # nesting of objects and arrays inside an object with no listed properties
+MAX_PARALLEL_CALLS = 4  # calls in one forced answer with parallel_tool_calls: true
 MAX_SCHEMA_DEPTH = 32  # nested objects and arrays in one JSON schema (real ones rarely pass 10)
 MAX_SCHEMA_BYTES = 64 * 1024  # one schema, as JSON
 
@@ -74,6 +92,67 @@ def _ref_cycle(schema: dict[str, Any]) -> list[str]:
     return next((cycle for ref in refs_in(schema) if (cycle := walk(ref, []))), [])
 
 
+def _any_value(depth: int) -> dict[str, Any]:
+    """Any JSON value, its containers nested at most `depth` more levels."""
+    scalars: list[dict[str, Any]] = [
+        {"type": "string", "maxLength": MAX_STRING},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+    ]
+    if depth == 0:
+        return {"anyOf": scalars}
+    return {
+        "anyOf": [
+            *scalars,
+            {"type": "array", "items": _any_value(depth - 1), "maxItems": MAX_ITEMS},
+            _any_object(depth),
+        ]
+    }
+
+
+def _any_object(depth: int = ANY_DEPTH) -> dict[str, Any]:
+    """Any JSON object, bounded: keys, members, strings, arrays and nesting (see the module's docstring)."""
+    return {
+        "type": "object",
+        "patternProperties": {f"^.{{1,{MAX_KEY}}}$": _any_value(depth - 1)},
+        "additionalProperties": False,
+        "maxProperties": MAX_MEMBERS,
+    }
+
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "unevaluatedProperties")
+
+
+def bounded(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with the bounds of the module's docstring added where it leaves strings, arrays or objects open."""
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: bounded(s) if isinstance(s, dict) else s for name, s in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [bounded(s) if isinstance(s, dict) else s for s in out[key]]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = bounded(out[key])
+    types = out.get("type")
+    kinds = set(types) if isinstance(types, list) else {types}
+    fixed = {"enum", "const"} & out.keys()
+    if "string" in kinds and not fixed and not {"maxLength", "pattern", "format"} & out.keys():
+        out["maxLength"] = MAX_STRING
+    if "array" in kinds and not fixed and "maxItems" not in out:
+        out["maxItems"] = MAX_ITEMS
+    if ("object" in kinds or "properties" in out) and not {"additionalProperties", "patternProperties"} & out.keys():
+        if "properties" in out:
+            out["additionalProperties"] = False
+        elif kinds == {"object"}:
+            out |= _any_object()
+    return out
+
+
 @dataclass(frozen=True)
 class Function:
     name: str
@@ -81,7 +160,9 @@ class Function:
 
 
 def _json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE}, separators=(",", ":"), ensure_ascii=False)
+    return "%json " + json.dumps(
+        {**bounded(schema), "x-guidance": JSON_STYLE}, separators=(",", ":"), ensure_ascii=False
+    )
 
 
 def _call_schema(function: Function) -> dict[str, Any]:
@@ -97,7 +178,7 @@ def _calls(functions: Sequence[Function], several: bool) -> list[str]:
     schemas = [_call_schema(f) for f in functions]
     one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     return [
-        'calls: call ("\\n" call)*' if several else "calls: call",
+        f'calls: call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if several else "calls: call",
         'call: "<tool_call>\\n" call_json "\\n</tool_call>"',
         f"call_json: {_json(one)}",
     ]

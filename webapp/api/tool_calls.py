@@ -5,6 +5,8 @@ The model writes a call as `<tool_call>\\n{"name": "...", "arguments": {...}}\\n
 known a delta opens the call (index, id, type, name, empty arguments), and the arguments object
 follows in fragments as the model writes it, the way OpenAI streams them. A call written in
 another key order is handed on whole when it closes; one that is not valid JSON stays content.
+Whitespace between, before and after calls (the newline that separates two calls) is not content:
+it is held back until text follows, so the streamed content is exactly the whole answer's.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ class ToolCallParser:
     _in_string: bool = False
     _escaped: bool = False
     _args_done: bool = False
+    _held: str = ""  # trailing whitespace of the content so far: released only if text follows
+    _before: str = ""  # the whitespace held before `<tool_call>`: content again if no call follows
+
+    def _release(self, text: str) -> str:
+        """Content to send now: everything up to its last non-space character (the rest is held)."""
+        text = self._held + text
+        kept = text.rstrip()
+        self._held = text[len(kept) :]
+        return kept
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         self._buffer += text
@@ -72,11 +83,11 @@ class ToolCallParser:
                 at = self._buffer.find(OPEN)
                 if at < 0:
                     keep = _partial_suffix(self._buffer, OPEN)
-                    content.append(self._buffer[: len(self._buffer) - keep])
+                    content.append(self._release(self._buffer[: len(self._buffer) - keep]))
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     break
-                content.append(self._buffer[:at])
-                self._buffer = self._buffer[at + len(OPEN) :]
+                content.append(self._release(self._buffer[:at]))
+                self._buffer, self._before, self._held = self._buffer[at + len(OPEN) :], self._held, ""
                 self._inside, self._streaming, self._args_done = True, False, False
                 continue
             if not self._streaming:
@@ -94,7 +105,7 @@ class ToolCallParser:
                 whole, self._buffer, self._inside = self._buffer[:end], self._buffer[end + len(CLOSE) :], False
                 parsed = _parse_whole(whole)
                 if parsed is None:
-                    content.append(OPEN + whole + CLOSE)
+                    content.append(self._release(self._before + OPEN + whole + CLOSE))
                 else:
                     self.calls.append(parsed)
                     deltas.append(CallDelta(len(self.calls) - 1, parsed.arguments, parsed.id, parsed.name))
@@ -116,8 +127,12 @@ class ToolCallParser:
         """The end of the text: whatever is held back that is not part of a call, as content."""
         rest, self._buffer = self._buffer, ""
         if self._inside and not self._streaming:
-            return OPEN + rest
-        return "" if self._inside else rest
+            rest = self._before + OPEN + rest
+        elif self._inside:
+            return ""
+        text = self._release(rest)
+        held, self._held = self._held, ""
+        return text if self.calls else text + held
 
     def _scan_arguments(self) -> str:
         """Take the arguments object's characters from the buffer, up to its closing brace."""

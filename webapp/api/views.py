@@ -18,13 +18,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.api import anthropic_responses
+from webapp.api import anthropic_responses, openai_responses_output, stored_responses
 from webapp.api.anthropic_protocol import CountTokensRequest, MessagesRequest
 from webapp.api.completions import (
     choices_for,
     completion,
     text_completion,
 )
+from webapp.api.openai_responses_output import ResponseWriter
+from webapp.api.openai_responses_protocol import ResponsesRequest
 from webapp.api.openapi import openapi_spec
 from webapp.api.protocol import (
     ChatCompletionRequest,
@@ -84,7 +86,8 @@ ApiView = Callable[..., Awaitable[HttpResponse]]  # (request, turn, **the URL's 
 
 
 def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRequest], Awaitable[HttpResponse]]]:
-    """An API endpoint: one method (405 in OpenAI's shape otherwise), no CSRF (keys, not cookies), a gateway Turn."""
+    """An API endpoint: its methods ("GET" or "GET, DELETE"; 405 in OpenAI's shape otherwise), no CSRF (keys, not
+    cookies), a gateway Turn."""
 
     def wrap(view: ApiView) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
         @csrf_exempt
@@ -93,7 +96,7 @@ def api_view(method: str, endpoint: str) -> Callable[[ApiView], Callable[[HttpRe
             turn = Turn(endpoint, client_ip(request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR")))
             if too_large := _headers_too_large(request):
                 return await _refused(turn, too_large)
-            if request.method != method:
+            if request.method not in method.split(", "):
                 return await _refused(turn, _method_not_allowed(request, method))
             return await view(request, turn, **arguments)
 
@@ -331,3 +334,56 @@ async def count_tokens(request: HttpRequest, turn: Turn) -> HttpResponse:
         return await _refused(turn, exc, anthropic_responses.error_response)
     await turn.settle()
     return JsonResponse({"input_tokens": len(answer.ids)}, headers=turn.ctx.headers())
+
+
+@api_view("POST", "responses")
+async def responses(request: HttpRequest, turn: Turn) -> HttpResponse:
+    """OpenAI's Responses API, served as the chat request it translates to (`openai_responses_protocol`), continuing
+    a stored response's conversation when given `previous_response_id`."""
+    try:
+        identity = await _authenticate(turn, request)
+        body: ResponsesRequest = parse(ResponsesRequest, _body(request))
+        history: list[dict[str, Any]] = []
+        if body.previous_response_id:
+            history = await sync_to_async(stored_responses.conversation)(identity.bucket, body.previous_response_id)
+        chat = body.as_chat(history)
+        turn.ctx.stream, turn.ctx.end_user = body.stream, chat.user or ""
+        turn.ctx.prompt_text = json.dumps(chat.chat_messages, ensure_ascii=False)
+        if body.ignored_fields:
+            turn.ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
+        await turn.admit(chat.model)
+        await turn.generate(
+            chat.chat_messages, chat.params, fit_max_tokens=not chat.max_tokens_given, tools=chat.tool_definitions
+        )
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    choice = choices_for(1, chat.logprobs, tools=bool(chat.offered_tools))[0]
+    writer = ResponseWriter(turn, body, chat)
+    if body.stream:
+        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        stream = openai_responses_output.event_stream(writer, choice, identity.bucket, history)
+        return StreamingHttpResponse(stream, content_type="text/event-stream", headers=headers)
+    try:
+        answer = await openai_responses_output.whole(writer, choice)
+        await openai_responses_output.keep(writer, identity.bucket, history)
+        return JsonResponse(answer, headers=turn.ctx.headers())
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    finally:
+        await turn.settle()
+
+
+@api_view("GET, DELETE", "responses.retrieve")
+async def stored_response(request: HttpRequest, turn: Turn, response_id: str) -> HttpResponse:
+    """GET /v1/responses/{id}: a stored response, as it was returned; DELETE: forget it. Only its owner sees it."""
+    try:
+        identity = await _authenticate(turn, request)
+        if request.method == "DELETE":
+            await sync_to_async(stored_responses.delete)(identity.bucket, response_id)
+            answer = {"id": response_id, "object": "response.deleted", "deleted": True}
+        else:
+            answer = await sync_to_async(stored_responses.body)(identity.bucket, response_id)
+    except (Exception, asyncio.CancelledError) as exc:
+        return await _refused(turn, exc)
+    await turn.settle()
+    return JsonResponse(answer, headers=turn.ctx.headers())

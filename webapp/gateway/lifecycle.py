@@ -111,9 +111,12 @@ def _fingerprint(model: str, weights: str) -> str:
     return "fp_" + hashlib.sha256(f"{model}|{weights}".encode()).hexdigest()[:12]
 
 
+ID_PREFIXES = {"completions": "cmpl-", "messages": "msg_", "responses": "resp_"}  # ids as each API writes them
+
+
 class Turn:
     def __init__(self, endpoint: str, client_ip: str | None, stream: bool = False) -> None:
-        prefix = {"completions": "cmpl-", "messages": "msg_"}.get(endpoint, "chatcmpl-")  # ids as each API writes them
+        prefix = ID_PREFIXES.get(endpoint, "chatcmpl-")
         self.ctx = RequestContext(client.new_request_id(prefix), endpoint, client_ip, stream=stream)
         self.generation: client.Generation | None = None
         self.usage = Usage()
