@@ -37,8 +37,8 @@ def refused(body: dict[str, Any]) -> GatewayError:
         ),
         (
             {"model": "t", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
-            "messages[0].content",
-            "messages[0].content",
+            "messages[0].content[0].type",
+            "\"image_url\"; expected 'text'",
         ),
         ({"messages": HI}, "model", "Missing required parameter: 'model'"),
         ({"model": "t", "messages": HI, "n": 9}, "n", "between 1 and 8"),

@@ -25,7 +25,9 @@ def run(text: str, cuts: list[int]) -> tuple[str, list[dict], ToolCallParser]:
         piece, calls = parser.feed(text[a:b])
         content.append(piece)
         deltas += [d.as_delta() for d in calls]
-    content.append(parser.finish())
+    rest, cut = parser.finish()
+    content.append(rest)
+    deltas += [d.as_delta() for d in cut]
     return "".join(content), deltas, parser
 
 
@@ -62,3 +64,22 @@ def test_text_that_only_looks_like_a_call_stays_content() -> None:
 def test_plain_text_passes_through_untouched() -> None:
     content, deltas, _ = run("Hello <b>world</b>, 3 < 4", [1, 7, 8])
     assert content == "Hello <b>world</b>, 3 < 4" and deltas == []
+
+
+def test_a_call_cut_after_its_name_is_still_a_call_with_what_it_has_of_its_arguments() -> None:
+    content, deltas, parser = run('Sure.\n<tool_call>\n{"name": "get_weather", "argu', [9])
+    assert content == "Sure." and [c.name for c in parser.calls] == ["get_weather"]
+    assert parser.calls[0].arguments == "" and deltas[0]["function"]["name"] == "get_weather"
+    _, _, parser = run('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', [20])
+    assert parser.calls[0].arguments == '{"city": "Pa'
+    content, _, parser = run('<tool_call>\n{"name": "get_wea', [5])
+    assert content == '<tool_call>\n{"name": "get_wea' and not parser.calls  # not yet a call: the text it wrote
+
+
+def test_whitespace_between_and_around_calls_is_not_content() -> None:
+    two = CALL + "\n" + CALL.replace("Paris", "Lyon") + "\n"
+    for cuts in ([], [len(CALL)], [len(CALL) + 1], [3, len(CALL) + 1, len(two) - 1]):
+        content, _, parser = run(two, cuts)
+        assert content == "" and len(parser.calls) == 2
+    content, _, _ = run("Hello,\n\nworld \n", [6, 7])
+    assert content == "Hello,\n\nworld \n"  # no calls: every character is content

@@ -20,6 +20,7 @@ from webapp.api.protocol import (
     _Conflict,
     parse,
 )
+from webapp.gateway.errors import bad_request
 
 
 class TextBlock(StrictModel):
@@ -175,5 +176,5 @@ def _chat(message: InputMessage) -> list[dict[str, Any]]:
     if message.role == "assistant":
         return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
     if calls:
-        raise _Conflict("messages", "tool_use blocks belong to the assistant's messages.")
+        raise bad_request("tool_use blocks belong to the assistant's messages.", "messages")
     return results + ([{"role": "user", "content": text}] if text or not results else [])

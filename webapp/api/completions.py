@@ -54,7 +54,8 @@ class Choice:
         if self.tools:
             text, calls = self.parser.feed(text)
             if isinstance(event, wire.Finished):
-                text += self.parser.finish()
+                rest, cut = self.parser.finish()
+                text, calls = text + rest, calls + cut
         if isinstance(event, wire.Finished):
             self.finished = event
         piece = Piece(text, self.pending, calls)

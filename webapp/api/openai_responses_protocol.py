@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
 from webapp.api.protocol import (
     MAX_MESSAGES,
@@ -24,6 +24,7 @@ from webapp.api.protocol import (
     _Conflict,
     parse,
 )
+from webapp.gateway.errors import bad_request
 
 Status = Literal["in_progress", "completed", "incomplete"]
 
@@ -111,6 +112,23 @@ class FunctionTool(StrictModel):
     output_schema: dict[str, Any] | None = None
 
 
+class HostedTool(StrictModel):
+    """A built-in tool (web_search, file_search, computer_use, code_interpreter, mcp, …): refused by the request."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "function" if kind == "function" else "hosted"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[HostedTool, Tag("hosted")], Discriminator(_tool_kind)
+]
+
+
 class FunctionChoice(StrictModel):
     type: Literal["function"]
     name: FunctionName
@@ -167,7 +185,7 @@ class ResponsesRequest(StrictModel):
         description="Keep the response, so GET /v1/responses/{id} and previous_response_id find "
         "it (bounded and expiring: ROUNDTRIP_RESPONSES_KEEP, ROUNDTRIP_RESPONSES_DAYS).",
     )
-    tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS, description="Function tools only.")
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -228,22 +246,15 @@ class ResponsesRequest(StrictModel):
             if getattr(self, name) is not None:
                 raise _Conflict(name, f"'{name}' asks for {what}, which this server does not have; leave it out.")
         for i, tool in enumerate(self.tools or ()):
-            kind = tool.get("type")
-            if kind != "function":
-                raise _Conflict(f"tools[{i}].type", _HOSTED_TOOL.format(kind=kind))
+            if isinstance(tool, HostedTool):
+                raise _Conflict(f"tools[{i}].type", _HOSTED_TOOL.format(kind=tool.type))
         if self.stream_options is not None and not self.stream:
             raise _Conflict("stream_options", "'stream_options' is only allowed when 'stream' is true.")
         return self
 
     @property
     def function_tools(self) -> list[FunctionTool]:
-        tools: list[FunctionTool] = []
-        for i, tool in enumerate(self.tools or ()):
-            try:
-                tools.append(FunctionTool.model_validate(tool))
-            except ValueError as exc:
-                raise _Conflict(f"tools[{i}]", f"Invalid function tool: {exc}") from None
-        return tools
+        return [t for t in self.tools or () if isinstance(t, FunctionTool)]
 
     @property
     def ignored_fields(self) -> list[str]:
@@ -284,7 +295,7 @@ class ResponsesRequest(StrictModel):
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
         messages += history + self.input_messages()
         if not messages:
-            raise _Conflict("input", "'input' is empty and there is no earlier response to continue.")
+            raise bad_request("'input' is empty and there is no earlier response to continue.", "input")
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         for name in ("temperature", "top_p", "user", "parallel_tool_calls"):
             if getattr(self, name) is not None:

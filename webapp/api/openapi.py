@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from webapp.api.anthropic_protocol import CountTokensRequest, MessagesRequest
+from webapp.api.openai_responses_protocol import ResponsesRequest
 from webapp.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -99,6 +100,14 @@ def _generation_paths(components: dict[str, Any]) -> dict[str, Any]:
             GENERATION_ERRORS,
             streamed=True,
         ),
+        "/responses": _post(
+            "OpenAI's Responses API (function tools, text.format, previous_response_id; typed events when stream is "
+            "true)",
+            _schema(ResponsesRequest, components),
+            "A response object, or text/event-stream of response.* events (response.created … response.completed)",
+            GENERATION_ERRORS,
+            streamed=True,
+        ),
         "/messages": _post(
             "Anthropic's Messages API (the key as x-api-key or a bearer token; Anthropic's events when stream is true)",
             _schema(MessagesRequest, components),
@@ -130,6 +139,17 @@ def _lookup_paths(components: dict[str, Any]) -> dict[str, Any]:
                 "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "The model"}, **_errors(401, 404, 500)},
             }
+        },
+        "/responses/{response_id}": {
+            operation: {
+                "summary": summary,
+                "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": answer}, **_errors(401, 404, 500)},
+            }
+            for operation, summary, answer in (
+                ("get", "A stored response (this key's), as it was returned", "The response object"),
+                ("delete", "Forget a stored response", "{id, object: response.deleted, deleted: true}"),
+            )
         },
         "/tokenize": _post(
             "Token ids and token strings for a text",

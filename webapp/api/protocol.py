@@ -466,15 +466,24 @@ def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise _as_gateway_error(exc.errors(include_url=False)[0]) from None
+        errors = exc.errors(include_url=False)
+        deepest = max(errors, key=lambda e: len(e["loc"]))  # of a union's branches, the one that got furthest
+        raise _as_gateway_error(deepest) from None
 
 
 def _param(loc: tuple[Any, ...]) -> str:
-    """("messages", 0, "role") → "messages[0].role"; union branches (type names) are left out."""
-    out = ""
+    """("messages", 0, "role") → "messages[0].role"; union branches (type names) and the tags of tagged unions
+    (the string after an index into a list[tagged-union[...]]) are left out."""
+    out, tagged, after_tagged_index = "", False, False
     for part in loc:
+        if after_tagged_index:
+            after_tagged_index = False
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
+            after_tagged_index, tagged = tagged, False
+        elif isinstance(part, str) and part.startswith("list[tagged-union["):
+            tagged = True
         elif isinstance(part, str) and not (
             part
             in (
@@ -486,7 +495,7 @@ def _param(loc: tuple[Any, ...]) -> str:
                 "list[TextPart]",
                 "function-after[_content_where_required(), ChatMessage]",
             )
-            or part.startswith(("list[", "constrained-", "function-", "literal["))
+            or part.startswith(("list[", "constrained-", "function-", "literal[", "tagged-union["))
         ):
             out += f".{part}" if out else part
     return out
@@ -531,6 +540,12 @@ def _as_gateway_error(error: Mapping[str, Any]) -> GatewayError:
             "finite_number": "a finite number",
         }[kind]
         return bad_request(f"Invalid type for '{param}': expected {expected}, got {value}.", param)
+    if kind == "union_tag_invalid":
+        return bad_request(
+            f"Invalid type for '{param}': {json.dumps(ctx.get('tag'))} is not served here; "
+            f"expected one of {ctx.get('expected_tags')}.",
+            param,
+        )
     if kind == "literal_error":
         return bad_request(
             f"Invalid value for '{param}': {value}; expected {ctx.get('expected', 'one of the allowed values')}.", param

@@ -19,7 +19,9 @@ from typing import Any
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_NAME = r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"'
+_HEAD = re.compile(_NAME + r'\s*,\s*"arguments"\s*:\s*(?=\{)')
+_CUT_AFTER_NAME = re.compile(_NAME + r'(?:\s*,\s*"arguments"\s*:\s*(.*))?', re.DOTALL)
 
 
 @dataclass
@@ -123,16 +125,25 @@ class ToolCallParser:
             self._buffer, self._inside, self._streaming = self._buffer[end + len(CLOSE) :], False, False
         return "".join(content), [d for d in deltas if d.arguments or d.id]
 
-    def finish(self) -> str:
-        """The end of the text: whatever is held back that is not part of a call, as content."""
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        """The end of the text: whatever is held back that is not part of a call, as content. A call cut short (by
+        max_tokens) after its name is still a call, with what it has of its arguments; one cut before its name was
+        whole stays the text the model wrote."""
         rest, self._buffer = self._buffer, ""
-        if self._inside and not self._streaming:
+        deltas: list[CallDelta] = []
+        cut = _CUT_AFTER_NAME.match(rest) if self._inside and not self._streaming else None
+        if cut is not None:
+            self.calls.append(ToolCall(_call_id(), json.loads(f'"{cut.group(1)}"'), cut.group(2) or ""))
+            call = self.calls[-1]
+            deltas.append(CallDelta(len(self.calls) - 1, call.arguments, call.id, call.name))
+            rest = ""
+        elif self._inside and not self._streaming:
             rest = self._before + OPEN + rest
         elif self._inside:
-            return ""
+            rest = ""
         text = self._release(rest)
         held, self._held = self._held, ""
-        return text if self.calls else text + held
+        return (text if self.calls else text + held), deltas
 
     def _scan_arguments(self) -> str:
         """Take the arguments object's characters from the buffer, up to its closing brace."""

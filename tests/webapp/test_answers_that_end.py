@@ -1,0 +1,112 @@
+"""Structured answers end on their own (`webapp.api.structured`'s bounds), on a live server: forced tool calls are a
+bounded number of calls, JSON answers close, a call cut by max_tokens is reported, and streamed tool calls carry what
+the whole answer carries."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from webapp.api.structured import MAX_PARALLEL_CALLS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
+
+
+def sdk(daphne_server: Any, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daphne_server.api, api_key=key, max_retries=0, timeout=120)
+
+
+@pytest.mark.parametrize(("parallel", "most"), [(None, 1), (False, 1), (True, MAX_PARALLEL_CALLS)])
+def test_required_tool_calls_end_within_a_bounded_number_of_calls(
+    daphne_server: Any, make_key: Any, parallel: bool | None, most: int
+) -> None:
+    """SmolLM2, sampled hot, wrote calls until max_tokens when the grammar let it: now it ends with `tool_calls`."""
+    client = sdk(daphne_server, make_key())
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model="smollm2",
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=2000,
+            temperature=1.3,
+            seed=seed,
+            **extra,
+        )  # type: ignore[call-overload]
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert 1 <= len(choice.message.tool_calls or []) <= most and not choice.message.content
+
+
+def test_streamed_tool_calls_carry_exactly_what_the_whole_answer_carries(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key())
+    asked: dict[str, Any] = {
+        "model": "smollm2",
+        "messages": ASK,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "parallel_tool_calls": True,
+        "max_tokens": 2000,
+        "temperature": 1.3,
+        "seed": 7,
+    }
+    whole = client.chat.completions.create(**asked).choices[0].message
+    content, calls = "", {}
+    for chunk in client.chat.completions.create(**asked, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        content += (delta.content or "") if delta else ""
+        for call in (delta.tool_calls or []) if delta else []:
+            calls.setdefault(call.index, {"name": "", "arguments": ""})
+            calls[call.index]["name"] += call.function.name or ""  # type: ignore[union-attr]
+            calls[call.index]["arguments"] += call.function.arguments or ""  # type: ignore[union-attr]
+    assert content == "" and whole.content is None  # no "\n" between calls
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": c.function.name, "arguments": c.function.arguments}  # type: ignore[union-attr]
+        for c in whole.tool_calls or []
+    ]
+
+
+def test_a_call_cut_by_max_tokens_is_reported_with_the_arguments_it_has(daphne_server: Any, make_key: Any) -> None:
+    client = sdk(daphne_server, make_key())
+    asked: dict[str, Any] = {"model": "smollm2", "messages": ASK, "tools": [WEATHER], "tool_choice": "required"}
+    full = client.chat.completions.create(**asked, max_tokens=60, temperature=0)
+    arguments = full.choices[0].message.tool_calls[0].function.arguments  # type: ignore[index,union-attr]
+    assert full.usage is not None and json.loads(arguments) == {"city": "Paris"}
+    # after "Paris" come `"}`, `}`, a newline, `</tool_call>` (5 tokens) and the end-of-turn token: 9 in all
+    cut = client.chat.completions.create(**asked, max_tokens=full.usage.completion_tokens - 9, temperature=0)
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length" and len(choice.message.tool_calls or []) == 1
+    call = choice.message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "get_weather" and arguments.startswith(call.function.arguments)  # type: ignore[union-attr]
+    assert call.function.arguments != arguments  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "prompt", ["Write a short poem, as JSON.", "Tell me about the Eiffel Tower in JSON.", "Describe a cat as JSON."]
+)
+def test_json_object_answers_close(daphne_server: Any, make_key: Any, prompt: str) -> None:
+    """Greedy answers from the default model that ran past 150 tokens without closing before strings and objects
+    were bounded (the poem opened a key that never ended)."""
+    client = sdk(daphne_server, make_key())
+    reply = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": prompt}],
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=700,
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
