@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from inference.errors import ModelFileError
 from inference.gguf_file import TokenizerData
@@ -91,6 +91,14 @@ class BPETokenizer:
             b"" if i in self.control_ids else bytes(to_byte.get(ch, 0) for ch in tok)
             for i, tok in enumerate(data.tokens)
         ]
+
+    def hugging_face(self) -> Tokenizer:
+        """This tokenizer as a Hugging Face `tokenizers` object, its control tokens added as special tokens (a
+        Hugging Face tokenizer recognises them in text, as benchmark tools expect); for `inference.hf_export`."""
+        copy = Tokenizer.from_str(self._tk.to_str())
+        by_id = sorted(self.special_ids.items(), key=lambda item: item[1])
+        copy.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in by_id])
+        return copy
 
     def encode(self, text: str) -> Encoding:
         """Plain-text encoding: special-token text stays ordinary characters."""
