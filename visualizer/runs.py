@@ -86,6 +86,7 @@ class Run:
     async def frames(self) -> AsyncIterator[dict[str, Any]]:
         turn = Turn("ws.chat", self.visitor.client_ip, stream=True)
         ctx = turn.ctx
+        ctx.request_body = self.payload
         yield {"type": "request", "request_id": turn.request_id, "body": self.payload, "t": time.time()}
         request: ChatCompletionRequest | None = None
         frame: ChatFrame | None = None

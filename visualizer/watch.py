@@ -8,6 +8,7 @@ its first choice and its usage row as the pipeline page's frames, each with its 
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -22,6 +23,15 @@ if TYPE_CHECKING:
 
 WATCH_GROUP = "watch"
 WATCHERS_KEY = "rt:watchers"
+# Which API a turn came through, by the gateway's endpoint name: the watch page's card and request stage say it.
+APIS = {
+    "chat.completions": "OpenAI Chat Completions · POST /v1/chat/completions",
+    "completions": "OpenAI legacy Completions · POST /v1/completions",
+    "responses": "OpenAI Responses · POST /v1/responses",
+    "messages": "Anthropic Messages · POST /v1/messages",
+    "ws.chat": "this site's chat page · WebSocket /ws/pipeline/",
+}
+MAX_SHOWN_BODY = 256 * 1024  # characters of a request's JSON sent to watchers; a larger one is cut, and says so
 
 
 async def watcher_joined() -> None:
@@ -70,6 +80,8 @@ class WatchObserver:
                 "source": source,
                 "model": ctx.route.id if ctx.route else "",
                 "endpoint": ctx.endpoint,
+                "api": APIS.get(ctx.endpoint, ctx.endpoint),
+                "body": _shown(ctx.request_body),
             }
         )
         await publish({"type": "gateway", "request_id": turn.request_id, **turn.gateway_report()})
@@ -84,3 +96,13 @@ class WatchObserver:
         self._watched.discard(turn.request_id)
         await publish({"type": "usage", "request_id": turn.request_id, **turn.usage_report()})
         await publish({"type": "done", "request_id": turn.request_id})
+
+
+def _shown(body: dict[str, Any] | None) -> dict[str, Any] | str | None:
+    """The request's JSON for the watch page: as it came, or its beginning (as text) when it is very large."""
+    if body is None:
+        return None
+    text = json.dumps(body, ensure_ascii=False)
+    if len(text) <= MAX_SHOWN_BODY:
+        return body
+    return f"{text[:MAX_SHOWN_BODY]}… ({len(text):,} characters in all; the rest is not shown)"

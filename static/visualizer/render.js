@@ -156,7 +156,19 @@ function drawRequest(run) {
   const json = field("request", "json");
   if (json.textContent) return;
   light("request");
+  const heard = run.request.api; // a request the watch page heard of: as it came, through whichever API
+  const [title, via] = heard ? ["The request as it came", heard.split(" · ")[1] ?? heard] : ["This page's message", "WebSocket"];
+  field("request", "json-title").replaceChildren(`${title} `, el("span", { class: "muted" }, `(${via})`));
+  if (heard) {
+    const body = run.request.body;
+    json.textContent = typeof body === "string" ? body : JSON.stringify(body ?? {}, null, 2);
+    field("request", "api-title").replaceChildren("Through ", el("span", { class: "api-name" }, heard.split(" · ")[0]));
+    const { source, model, request_id: id } = run.request;
+    field("request", "api").textContent = `${heard}\nfrom ${source || "?"} · model ${model || "?"}\nrequest id ${id}`;
+    return;
+  }
   json.textContent = JSON.stringify(run.request, null, 2);
+  field("request", "api-title").replaceChildren("The same request through the API ", el("span", { class: "muted" }, "(what an SDK sends)"));
   field("request", "api").textContent = `POST /v1/chat/completions\nAuthorization: Bearer <your key>\n\n${JSON.stringify(apiRequest(run.request), null, 2)}`;
 }
 

@@ -26,14 +26,15 @@ function shown() {
 function entryFor(frame, at) {
   const id = frame.request_id;
   if (!watched.has(id)) {
-    const run = new Run({ request_id: id, endpoint: frame.endpoint ?? "", source: frame.source ?? "", model: frame.model ?? "" });
+    const { endpoint = "", api = endpoint, source = "", model = "", body = null } = frame;
+    const run = new Run({ request_id: id, endpoint, api, source, model, body });
     run.requestId = id;
     run.sentAt = at; // the watch page's clock starts when it hears of the request
     const card = el("article", { class: "stage watch-card" });
-    const open = el("button", { type: "button", class: "link" }, `${id} · ${frame.source ?? ""} · ${frame.model ?? ""}`);
+    const open = el("button", { type: "button", class: "link" }, `${id} · ${source} · ${model}`);
     open.addEventListener("click", () => pick(id));
     const title = el("h3");
-    title.append(open);
+    title.append(open, " ", el("span", { class: "api-name" }, api.split(" · ")[0]));
     card.append(title, el("div", { class: "bubble assistant" }), el("p", { class: "muted" }, "streaming…"));
     document.getElementById("watch").prepend(card);
     watched.set(id, { run, card });

@@ -677,6 +677,34 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
             '#stage-detok [data-field="appended"]'
         )
         screenshot(page, "watch")
+
+        # Responses and Messages traffic: each card names its API; the request stage shows the JSON as it came
+        key = make_key()
+        asked = {"model": "smollm2", "input": "The capital of France?", "max_output_tokens": 12, "temperature": 0}
+        answered = httpx.post(f"{daphne_server.api}/responses", headers={"Authorization": f"Bearer {key}"}, json=asked)
+        message = {"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+        assert httpx.post(f"{daphne_server.api}/messages", headers={"x-api-key": key}, json=message).status_code == 200
+        page.wait_for_function("document.querySelectorAll('#watch .watch-card').length >= 3", timeout=15000)
+        assert page.locator("#watch .watch-card h3 .api-name").all_inner_texts()[:3] == [
+            "Anthropic Messages",
+            "OpenAI Responses",
+            "OpenAI Chat Completions",
+        ]
+        shown_json = '#stage-request [data-field="json"]'
+        page.wait_for_function(f"document.querySelector('{shown_json}').textContent.includes('max_tokens')")
+        assert json.loads(page.inner_text(shown_json)) == message
+        assert "POST /v1/messages" in page.inner_text('#stage-request [data-field="api"]')
+        page.locator("#watch .watch-card", has_text=answered.json()["id"]).locator("button.link").click()
+        page.wait_for_function(f"document.querySelector('{shown_json}').textContent.includes('max_output_tokens')")
+        assert json.loads(page.inner_text(shown_json)) == asked
+        assert "(POST /v1/responses)" in page.inner_text('#stage-request [data-field="json-title"]')
+        page.wait_for_function(
+            "document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')",
+            timeout=15000,
+        )
+        assert page.locator("#stage-tokens .chip").count() > 0  # every stage drawn, as for chat completions
+        assert page.locator("#stage-loop .loop-strip li").count() == answered.json()["usage"]["output_tokens"]
+        screenshot(page, "watch-responses")
     finally:
         context.close()
 

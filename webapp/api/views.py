@@ -10,13 +10,14 @@ import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel
 
 from webapp.api import anthropic_responses, openai_responses_output, stored_responses
 from webapp.api.anthropic_protocol import CountTokensRequest, MessagesRequest
@@ -49,6 +50,8 @@ from webapp.transport import APP_HEADER_BYTES
 from webapp.worker import wire
 from webapp.worker.registry import model_load
 
+Request = TypeVar("Request", bound=BaseModel)
+
 
 def _body(request: HttpRequest) -> dict[str, Any]:
     try:
@@ -58,6 +61,15 @@ def _body(request: HttpRequest) -> dict[str, Any]:
             413, "The request body is too large.", "invalid_request_error", "request_too_large"
         ) from None
     return json_body(raw)
+
+
+def _parsed(turn: Turn, request: HttpRequest, model: type[Request]) -> Request:
+    """The body validated as `model` (a 400 naming the field otherwise); the JSON as it came stays on the turn for
+    its observers (the staff watch page shows it)."""
+    raw = _body(request)
+    turn.ctx.request_body = raw
+    parsed: Request = parse(model, raw)
+    return parsed
 
 
 def _headers_too_large(request: HttpRequest) -> GatewayError | None:
@@ -149,7 +161,7 @@ async def _refused(
 async def chat_completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     try:
         await _authenticate(turn, request)
-        body: ChatCompletionRequest = parse(ChatCompletionRequest, _body(request))
+        body = _parsed(turn, request, ChatCompletionRequest)
         turn.ctx.stream, turn.ctx.end_user = body.stream, body.user or ""
         turn.ctx.prompt_text = json.dumps(body.chat_messages, ensure_ascii=False)
         if body.ignored_fields:
@@ -179,7 +191,7 @@ async def completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     """The legacy text completion: the prompt as raw text, no chat template."""
     try:
         await _authenticate(turn, request)
-        body: CompletionRequest = parse(CompletionRequest, _body(request))
+        body = _parsed(turn, request, CompletionRequest)
         turn.ctx.stream, turn.ctx.end_user, turn.ctx.prompt_text = body.stream, body.user or "", body.prompt_text
         await turn.admit(body.model)
         await turn.generate(
@@ -255,7 +267,7 @@ async def tokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
     """POST {"model", "text"} → the ids and token strings the model would see for that text."""
     try:
         identity = await _authenticate(turn, request)
-        body: TokenizeRequest = parse(TokenizeRequest, _body(request))
+        body = _parsed(turn, request, TokenizeRequest)
         route, answer = await _tokenized(
             turn, identity, body.model, body.text, body.chat_messages, body.tool_definitions
         )
@@ -279,7 +291,7 @@ async def detokenize(request: HttpRequest, turn: Turn) -> HttpResponse:
     """POST {"model", "tokens": [ids]} → {"text"}: the text those tokens spell."""
     try:
         identity = await _authenticate(turn, request)
-        body: DetokenizeRequest = parse(DetokenizeRequest, _body(request))
+        body = _parsed(turn, request, DetokenizeRequest)
         route = route_model(turn.ctx, identity, body.model)
         text = await client.detokenize(route, body.tokens)
     except (Exception, asyncio.CancelledError) as exc:
@@ -298,7 +310,7 @@ async def messages(request: HttpRequest, turn: Turn) -> HttpResponse:
     """Anthropic's Messages API, served as the chat request it translates to (`anthropic_protocol`)."""
     try:
         await _authenticate(turn, request)
-        body: MessagesRequest = parse(MessagesRequest, _body(request))
+        body = _parsed(turn, request, MessagesRequest)
         chat = body.as_chat()
         turn.ctx.stream, turn.ctx.end_user = body.stream, chat.user or ""
         turn.ctx.prompt_text = json.dumps(chat.chat_messages, ensure_ascii=False)
@@ -327,7 +339,7 @@ async def count_tokens(request: HttpRequest, turn: Turn) -> HttpResponse:
     """The prompt's tokens as the model would see them: `{"input_tokens": n}`."""
     try:
         identity = await _authenticate(turn, request)
-        body: CountTokensRequest = parse(CountTokensRequest, _body(request))
+        body = _parsed(turn, request, CountTokensRequest)
         tools = [t["function"] for t in body.chat_tools or ()] or None
         _, answer = await _tokenized(turn, identity, body.model, messages=body.chat_messages, tools=tools)
     except (Exception, asyncio.CancelledError) as exc:
@@ -342,7 +354,7 @@ async def responses(request: HttpRequest, turn: Turn) -> HttpResponse:
     a stored response's conversation when given `previous_response_id`."""
     try:
         identity = await _authenticate(turn, request)
-        body: ResponsesRequest = parse(ResponsesRequest, _body(request))
+        body = _parsed(turn, request, ResponsesRequest)
         history: list[dict[str, Any]] = []
         if body.previous_response_id:
             history = await sync_to_async(stored_responses.conversation)(identity.bucket, body.previous_response_id)

@@ -47,6 +47,7 @@ class RequestContext:
     worker: str = ""  # the inference worker that served it
     extra_headers: dict[str, str] = field(default_factory=dict)  # e.g. x-roundtrip-ignored-fields
     end_user: str = ""  # the client's own name for its user (OpenAI's `user`), kept in the usage row
+    request_body: dict[str, Any] | None = None  # the JSON as it came, for observers (the staff watch page)
 
     def timed(self, name: str, started: float, **detail: Any) -> None:
         self.stages.append(Stage(name, time.perf_counter() - started, detail))
