@@ -83,11 +83,9 @@ def test_whitespace_between_and_around_calls_is_not_content() -> None:
     assert content == "Hello,\n\nworld \n"  # no calls: every character is content
 
 
-def test_a_piece_carries_one_delta_per_call() -> None:
-    """instructor's streamed partial mode reads only a chunk's first tool_calls delta: none may follow for the same
-    call in the same chunk."""
+def test_a_calls_fragments_in_one_piece_come_as_one_delta_after_its_opening() -> None:
     parser = ToolCallParser()
     _, deltas = parser.feed(CALL[:60])
-    assert len(deltas) == 1 and deltas[0].id is not None and deltas[0].arguments.startswith("{")
+    assert [(d.index, d.id is not None, d.arguments) for d in deltas] == [(0, True, ""), (0, False, CALL[49:60])]
     _, more = parser.feed(CALL[60:] + "\n" + CALL)
-    assert [d.index for d in more] == [0, 1] and more[1].id is not None
+    assert [(d.index, d.id is not None) for d in more] == [(0, False), (1, True), (1, False)]

@@ -99,9 +99,8 @@ class ChatChunks:
                 if self.continuous_usage:
                     content["usage"] = turn.usage.as_openai()  # the running counts, as vLLM sends them
                 out.append(sse(content))
-            if piece.calls:
-                delta = {"tool_calls": [d.as_delta() for d in piece.calls]}
-                out.append(sse(chunk(turn, created, delta, index=choice.index)))
+            for call in piece.calls:  # one delta per chunk, as OpenAI sends them (instructor reads only the first)
+                out.append(sse(chunk(turn, created, {"tool_calls": [call.as_delta()]}, index=choice.index)))
         if choice.finished is not None and choice.index not in self.done:
             self.done.add(choice.index)
             out += self._opened(choice)

@@ -170,11 +170,11 @@ class ToolCallParser:
 
 
 def _merged(deltas: list[CallDelta]) -> list[CallDelta]:
-    """One delta per call per piece, as OpenAI sends them (clients such as instructor read only a chunk's first
-    delta): a call's argument fragments join the delta before them."""
+    """A call's opening delta (id, name, no arguments, as OpenAI opens one), then its argument fragments of the
+    piece joined into one delta."""
     out: list[CallDelta] = []
     for delta in deltas:
-        if out and out[-1].index == delta.index and delta.id is None:
+        if out and out[-1].index == delta.index and out[-1].id is None and delta.id is None:
             out[-1].arguments += delta.arguments
         elif delta.arguments or delta.id:
             out.append(delta)
