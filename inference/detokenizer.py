@@ -30,6 +30,7 @@ class IncrementalDetokenizer:
         self._stop = tuple(stop)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (the earliest found)
 
     def push(self, token_id: int) -> Delta:
         """Add one token's bytes; return the text that is now safe to show."""
@@ -46,11 +47,12 @@ class IncrementalDetokenizer:
     def _release(self, new_text: str, final: bool) -> Delta:
         text = self._held + new_text
         pending = self._decoder.getstate()[0]
-        hits = [at for at in (text.find(stop) for stop in self._stop) if at != -1]
+        hits = [(at, stop) for stop in self._stop if (at := text.find(stop)) != -1]
         if hits:
+            at, self.matched = min(hits)
             self.stopped = True
             self._held = ""
-            return Delta(text[: min(hits)], b"", "", True)
+            return Delta(text[:at], b"", "", True)
         keep = 0 if final else self._longest_stop_prefix_suffix(text)
         self._held = text[len(text) - keep :] if keep else ""
         return Delta(text[: len(text) - keep], pending, self._held, False)

@@ -243,6 +243,7 @@ class SequenceState:
                 ),
                 cached_tokens=self.cached_tokens,
                 peers=sorted(self.peers - {self.request_id}),
+                stop_string=self.detokenizer.matched,
                 max_batch_size=self.max_batch_size,
             )
         )

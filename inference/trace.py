@@ -234,6 +234,7 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     peers: list[str] = field(default_factory=list)  # other requests it shared a batched forward with
     max_batch_size: int = 1
+    stop_string: str | None = None  # the request's stop string that ended it, when one did
 
 
 TraceEvent = Tokenized | ContextBuilt | BatchStep | ForwardStep | Sampled | TextDelta | Finished

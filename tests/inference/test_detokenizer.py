@@ -61,7 +61,7 @@ def test_a_stop_string_across_tokens_ends_the_text_before_it() -> None:
 def test_the_earliest_of_several_stop_strings_wins() -> None:
     detok = IncrementalDetokenizer(VOCAB, stop=["world", " w"])
     text = "".join(detok.push(i).text for i in [256, 257])
-    assert text == "Hello"
+    assert text == "Hello" and detok.matched == " w"  # the one that matched, for Anthropic's stop_sequence
 
 
 def test_flush_releases_held_text_when_generation_ends() -> None:

@@ -51,6 +51,13 @@ def test_a_message_is_answered_streamed_or_not_with_the_same_text(daphne_server:
     assert streamed.usage.output_tokens == 9
     cut = client.messages.create(model="smollm2", max_tokens=3, extra_body={"temperature": 0}, messages=QUESTION)  # type: ignore[arg-type]
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
+    asked: dict[str, Any] = {"model": "smollm2", "max_tokens": 40, "system": SYSTEM, "messages": QUESTION}
+    stopped = client.messages.create(**asked, stop_sequences=["India"], extra_body={"temperature": 0})
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "India"
+    assert stopped.content[0].text == "The capital of "  # type: ignore[union-attr]
+    with client.messages.stream(**asked, stop_sequences=["India"], extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "India")
 
 
 def test_a_tool_is_used_and_its_result_answered(daphne_server: Any, make_key: Any) -> None:

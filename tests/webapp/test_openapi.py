@@ -36,7 +36,14 @@ def _examples() -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_the_readme_has_examples_for_every_post_endpoint() -> None:
-    assert {path for path, _ in _examples()} == {"/chat/completions", "/completions", "/tokenize", "/detokenize"}
+    assert {path for path, _ in _examples()} == {
+        "/chat/completions",
+        "/completions",
+        "/responses",
+        "/messages",
+        "/tokenize",
+        "/detokenize",
+    }
 
 
 @pytest.mark.parametrize(("path", "body"), _examples(), ids=lambda v: v if isinstance(v, str) else "")

@@ -41,7 +41,14 @@ def error_response(error: GatewayError, ctx: RequestContext) -> JsonResponse:
 def stop_reason(choice: Choice) -> str:
     if choice.parser.calls:
         return "tool_use"
+    if stop_sequence(choice) is not None:
+        return "stop_sequence"
     return {"length": "max_tokens", "cancelled": "end_turn"}.get(choice.finish_reason, "end_turn")
+
+
+def stop_sequence(choice: Choice) -> str | None:
+    """The request's stop sequence that ended the answer, when one did."""
+    return choice.finished.stop_string if choice.finished is not None else None
 
 
 def usage(turn: Turn) -> dict[str, int]:
@@ -64,7 +71,7 @@ def message(turn: Turn, choice: Choice) -> dict[str, Any]:
         "model": turn.ctx.route.id,
         "content": content,
         "stop_reason": stop_reason(choice),
-        "stop_sequence": None,
+        "stop_sequence": stop_sequence(choice),
         "usage": usage(turn),
     }
 
@@ -128,7 +135,7 @@ class MessageStream:
         return out
 
     def finish(self, choice: Choice) -> list[bytes]:
-        reason = {"stop_reason": stop_reason(choice), "stop_sequence": None}
+        reason = {"stop_reason": stop_reason(choice), "stop_sequence": stop_sequence(choice)}
         out = self.close()
         out.append(
             event("message_delta", {"delta": reason, "usage": {"output_tokens": self.turn.usage.completion_tokens}})

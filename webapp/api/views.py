@@ -9,7 +9,7 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -157,32 +157,40 @@ async def _refused(
     return shape(error, turn.ctx)
 
 
+async def _generate_chat(turn: Turn, chat: ChatCompletionRequest, stream: bool, ignored: list[str]) -> None:
+    """From the limits on, for every chat-shaped request (chat completions, and Responses and Messages as they
+    translate): what the usage row keeps, the ignored fields' header, limits and route, then the generation."""
+    turn.ctx.stream, turn.ctx.end_user = stream, chat.user or ""
+    turn.ctx.prompt_text = json.dumps(chat.chat_messages, ensure_ascii=False)
+    if ignored:
+        turn.ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(ignored)
+    await turn.admit(chat.model)
+    await turn.generate(
+        chat.chat_messages,
+        chat.params,
+        fit_max_tokens=not chat.max_tokens_given,
+        n=chat.n,
+        tools=chat.tool_definitions,
+        continue_final=chat.continue_final_message,
+    )
+
+
+def _event_stream(turn: Turn, events: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingHttpResponse(events, content_type="text/event-stream", headers=headers)
+
+
 @api_view("POST", "chat.completions")
 async def chat_completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     try:
         await _authenticate(turn, request)
         body = _parsed(turn, request, ChatCompletionRequest)
-        turn.ctx.stream, turn.ctx.end_user = body.stream, body.user or ""
-        turn.ctx.prompt_text = json.dumps(body.chat_messages, ensure_ascii=False)
-        if body.ignored_fields:
-            turn.ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
-        await turn.admit(body.model)
-        await turn.generate(
-            body.chat_messages,
-            body.params,
-            fit_max_tokens=not body.max_tokens_given,
-            n=body.n,
-            tools=body.tool_definitions,
-            continue_final=body.continue_final_message,
-        )
+        await _generate_chat(turn, body, body.stream, body.ignored_fields)
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
     choices = choices_for(body.n, body.logprobs, tools=bool(body.offered_tools))
     if body.stream:
-        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingHttpResponse(
-            chat_stream(turn, body, choices), content_type="text/event-stream", headers=headers
-        )
+        return _event_stream(turn, chat_stream(turn, body, choices))
     return await complete(turn, choices, lambda created: completion(turn, created, choices))
 
 
@@ -202,10 +210,7 @@ async def completions(request: HttpRequest, turn: Turn) -> HttpResponse:
     choices = choices_for(body.n, body.logprobs is not None)
     echo = body.prompt_text if body.echo else ""
     if body.stream:
-        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingHttpResponse(
-            text_stream(turn, body, choices, echo), content_type="text/event-stream", headers=headers
-        )
+        return _event_stream(turn, text_stream(turn, body, choices, echo))
     return await complete(turn, choices, lambda created: text_completion(turn, created, choices, body.logprobs, echo))
 
 
@@ -312,17 +317,12 @@ async def messages(request: HttpRequest, turn: Turn) -> HttpResponse:
         await _authenticate(turn, request)
         body = _parsed(turn, request, MessagesRequest)
         chat = body.as_chat()
-        turn.ctx.stream, turn.ctx.end_user = body.stream, chat.user or ""
-        turn.ctx.prompt_text = json.dumps(chat.chat_messages, ensure_ascii=False)
-        await turn.admit(chat.model)
-        await turn.generate(chat.chat_messages, chat.params, tools=chat.tool_definitions)
+        await _generate_chat(turn, chat, body.stream, [])
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc, anthropic_responses.error_response)
     choice = choices_for(1, False, tools=bool(chat.offered_tools))[0]
     if body.stream:
-        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        stream = anthropic_responses.message_stream(turn, choice)
-        return StreamingHttpResponse(stream, content_type="text/event-stream", headers=headers)
+        return _event_stream(turn, anthropic_responses.message_stream(turn, choice))
     try:
         async for message in turn.messages():
             if isinstance(message, client.ChoiceEvent):
@@ -359,22 +359,13 @@ async def responses(request: HttpRequest, turn: Turn) -> HttpResponse:
         if body.previous_response_id:
             history = await sync_to_async(stored_responses.conversation)(identity.bucket, body.previous_response_id)
         chat = body.as_chat(history)
-        turn.ctx.stream, turn.ctx.end_user = body.stream, chat.user or ""
-        turn.ctx.prompt_text = json.dumps(chat.chat_messages, ensure_ascii=False)
-        if body.ignored_fields:
-            turn.ctx.extra_headers["x-roundtrip-ignored-fields"] = ", ".join(body.ignored_fields)
-        await turn.admit(chat.model)
-        await turn.generate(
-            chat.chat_messages, chat.params, fit_max_tokens=not chat.max_tokens_given, tools=chat.tool_definitions
-        )
+        await _generate_chat(turn, chat, body.stream, body.ignored_fields)
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
     choice = choices_for(1, chat.logprobs, tools=bool(chat.offered_tools))[0]
     writer = ResponseWriter(turn, body, chat)
     if body.stream:
-        headers = {**turn.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        stream = openai_responses_output.event_stream(writer, choice, identity.bucket, history)
-        return StreamingHttpResponse(stream, content_type="text/event-stream", headers=headers)
+        return _event_stream(turn, openai_responses_output.event_stream(writer, choice, identity.bucket, history))
     try:
         answer = await openai_responses_output.whole(writer, choice)
         await openai_responses_output.keep(writer, identity.bucket, history)

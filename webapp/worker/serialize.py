@@ -167,6 +167,7 @@ def finished(event: trace.Finished, tokenizer: BPETokenizer | None = None) -> wi
         cached_tokens=event.cached_tokens,
         peers=list(event.peers),
         max_batch_size=event.max_batch_size,
+        stop_string=event.stop_string,
     )
 
 

@@ -225,6 +225,7 @@ class Finished(Event, tag="finished"):
     cached_tokens: int = 0
     peers: list[str] = []
     max_batch_size: int = 1
+    stop_string: str | None = None  # the request's stop string that ended it, when one did
 
 
 TraceEvent = Tokenized | ContextBuilt | BatchStep | ForwardStep | Sampled | TextDelta | Finished

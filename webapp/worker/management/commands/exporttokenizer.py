@@ -10,8 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.hf_export import export_tokenizer
 from inference.loader import default_model_path
-from webapp.gateway.errors import GatewayError
-from webapp.gateway.routing import resolve
+from webapp.catalog import by_name, configured_models
 
 
 class Command(BaseCommand):
@@ -22,9 +21,9 @@ class Command(BaseCommand):
         parser.add_argument("--model", default="default", help="a model id or alias (default: the default model)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        try:
-            route = resolve(opts["model"])
-        except GatewayError as exc:
-            raise CommandError(exc.message) from None
+        route = by_name().get(opts["model"])
+        if route is None:
+            known = ", ".join(r.id for r in configured_models())
+            raise CommandError(f"The model {opts['model']!r} does not exist. Available models: {known}.")
         for path in export_tokenizer(route.path or default_model_path(), opts["folder"]):
             self.stdout.write(str(path))
