@@ -159,6 +159,8 @@ function drawRequest(run) {
   const heard = run.request.api; // a request the watch page heard of: as it came, through whichever API
   const [title, via] = heard ? ["The request as it came", heard.split(" · ")[1] ?? heard] : ["This page's message", "WebSocket"];
   field("request", "json-title").replaceChildren(`${title} `, el("span", { class: "muted" }, `(${via})`));
+  const overHttp = Boolean(heard) && run.request.endpoint !== "ws.chat"; // the watch page shows the page's turns too
+  for (const explain of document.querySelectorAll("#stage-request [data-explain]")) explain.hidden = (explain.dataset.explain === "api") !== overHttp;
   if (heard) {
     const body = run.request.body;
     json.textContent = typeof body === "string" ? body : JSON.stringify(body ?? {}, null, 2);

@@ -698,6 +698,8 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         page.wait_for_function(f"document.querySelector('{shown_json}').textContent.includes('max_output_tokens')")
         assert json.loads(page.inner_text(shown_json)) == asked
         assert "(POST /v1/responses)" in page.inner_text('#stage-request [data-field="json-title"]')
+        assert page.locator('#stage-request [data-explain="api"]').is_visible()
+        assert not page.locator('#stage-request [data-explain="page"]').is_visible()
         page.wait_for_function(
             "document.querySelector('#stage-gateway [data-field=\"usage\"]').textContent.includes('tokens')",
             timeout=15000,
