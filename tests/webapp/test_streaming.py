@@ -142,6 +142,18 @@ def test_prompts_are_stored_only_when_the_setting_says_so() -> None:
         assert record_usage(ctx, 200).prompt_text == "secret question"
 
 
+def test_a_request_whose_key_was_deleted_while_it_ran_still_leaves_its_usage_row() -> None:
+    from webapp.gateway.identity import identify_key
+    from webapp.keys.models import ApiKey
+
+    key, raw = ApiKey.create_key("short-lived")
+    ctx = _ctx()
+    ctx.identity = identify_key(f"Bearer {raw}")
+    key.delete()
+    row = record_usage(ctx, 200, "stop", prompt_tokens=5, completion_tokens=2)
+    assert (row.api_key_id, row.status, row.prompt_tokens, row.completion_tokens) == (None, 200, 5, 2)
+
+
 def test_browser_visitors_get_the_configured_session_limits() -> None:
     with override_settings(
         ROUNDTRIP_ANONYMOUS_LIMITS={"requests_per_minute": 3}, ROUNDTRIP_USER_LIMITS={"requests_per_minute": 30}

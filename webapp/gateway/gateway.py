@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import IntegrityError, transaction
 
 from webapp.catalog import ModelRoute
 from webapp.gateway.errors import GatewayError
@@ -121,27 +122,32 @@ def record_usage(
         if limiter is not None:
             limiter.release()
             limiter.settle(prompt_tokens + completion_tokens, cost=cost)
-    record = UsageRecord.objects.create(
-        request_id=ctx.request_id,
-        api_key=identity.api_key if identity else None,
-        user_id=identity.user_id if identity else None,
-        session_key=identity.session_key if identity else "",
-        endpoint=ctx.endpoint,
-        model=ctx.route.id if ctx.route else "",
-        stream=ctx.stream,
-        status=status,
-        error_code=error_code or "",
-        finish_reason=finish_reason,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cached_tokens=cached_tokens,
-        cost_usd=cost,
-        worker=ctx.worker,
-        end_user=ctx.end_user[:256],
-        ttft_ms=None if ttft is None else ttft * 1000,
-        total_ms=(time.perf_counter() - ctx.started) * 1000,
-        client_ip=ctx.client_ip,
-        prompt_text=ctx.prompt_text if settings.ROUNDTRIP_STORE_PROMPTS else "",
-    )
+    fields: dict[str, Any] = {
+        "request_id": ctx.request_id,
+        "api_key": identity.api_key if identity else None,
+        "user_id": identity.user_id if identity else None,
+        "session_key": identity.session_key if identity else "",
+        "endpoint": ctx.endpoint,
+        "model": ctx.route.id if ctx.route else "",
+        "stream": ctx.stream,
+        "status": status,
+        "error_code": error_code or "",
+        "finish_reason": finish_reason,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "cached_tokens": cached_tokens,
+        "cost_usd": cost,
+        "worker": ctx.worker,
+        "end_user": ctx.end_user[:256],
+        "ttft_ms": None if ttft is None else ttft * 1000,
+        "total_ms": (time.perf_counter() - ctx.started) * 1000,
+        "client_ip": ctx.client_ip,
+        "prompt_text": ctx.prompt_text if settings.ROUNDTRIP_STORE_PROMPTS else "",
+    }
+    try:
+        with transaction.atomic():
+            record = UsageRecord.objects.create(**fields)
+    except IntegrityError:  # its key or user was deleted while it ran: the row is kept, as that deletion keeps rows
+        record = UsageRecord.objects.create(**fields | {"api_key": None, "user_id": None})
     ctx.timed("usage_log", started)
     return record
