@@ -10,19 +10,14 @@ from typing import Any
 import openai
 import pytest
 from gguf import GGUFReader
+from weather import CITY, GET_WEATHER
 
 from inference.loader import default_model_path
 from webapp.api.structured import MAX_ITEMS, MAX_PARALLEL_CALLS, MAX_STRING
 
 pytestmark = pytest.mark.django_db(transaction=True)
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+OPEN_CITY = {key: value for key, value in CITY.items() if key != "additionalProperties"}  # closed by the bounds
+WEATHER = {"type": "function", "function": {**GET_WEATHER, "parameters": OPEN_CITY}}
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 
 

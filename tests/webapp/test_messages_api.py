@@ -7,22 +7,14 @@ from typing import Any
 
 import anthropic
 import pytest
+from weather import CITY, GET_WEATHER
 
 from webapp.usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SYSTEM = "You are a helpful assistant."  # as the chat API's tests ask it: the same 27-token prompt
 QUESTION = [{"role": "user", "content": "What's the capital of India?"}]
-WEATHER = {
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+WEATHER = {"name": "get_weather", "description": GET_WEATHER["description"], "input_schema": CITY}
 
 
 def sdk(daphne_server: Any, key: str) -> anthropic.Anthropic:

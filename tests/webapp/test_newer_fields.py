@@ -11,6 +11,7 @@ import openai
 import pytest
 from openai import OpenAI
 from openai.types.chat import completion_create_params
+from weather import GET_WEATHER
 
 from webapp.api.protocol import ChatCompletionRequest
 from webapp.usage.models import UsageRecord
@@ -91,18 +92,7 @@ def test_a_field_that_needs_a_capability_this_server_lacks_is_a_400_naming_it(
 
 def test_legacy_functions_are_answered_as_tool_calls(daphne_server: Any, make_key: Any) -> None:
     client = sdk(daphne_server, make_key())
-    functions = [
-        {
-            "name": "get_weather",
-            "description": "The weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        }
-    ]
+    functions = [GET_WEATHER]
     reply = client.chat.completions.create(
         model="smollm2",  # the tiny model's context is too short for a function's description
         messages=[{"role": "user", "content": "What's the weather in Paris?"}],

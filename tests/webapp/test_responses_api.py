@@ -9,24 +9,14 @@ from typing import Any
 
 import openai
 import pytest
+from weather import GET_WEATHER
 
 from webapp.usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SYSTEM = "You are a helpful assistant."  # as the chat API's tests ask it: the same 27-token prompt
 QUESTION = "What's the capital of India?"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+WEATHER = {"type": "function", **GET_WEATHER, "strict": True}
 
 
 def sdk(daphne_server: Any, key: str) -> openai.OpenAI:

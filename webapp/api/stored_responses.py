@@ -24,19 +24,16 @@ def not_found(response_id: str, param: str | None = None) -> GatewayError:
     )
 
 
-def _live(owner: str, response_id: str) -> StoredResponse:
+def _live(owner: str, response_id: str, param: str | None = None) -> StoredResponse:
     found = StoredResponse.objects.filter(id=response_id, owner=owner, expires_at__gt=timezone.now()).first()
     if found is None:
-        raise not_found(response_id)
+        raise not_found(response_id, param)
     return found
 
 
 def conversation(owner: str, response_id: str) -> list[dict[str, Any]]:
     """The chat messages a `previous_response_id` continues; 404 naming the field when there is no such response."""
-    try:
-        return list(_live(owner, response_id).conversation)
-    except GatewayError:
-        raise not_found(response_id, "previous_response_id") from None
+    return list(_live(owner, response_id, "previous_response_id").conversation)
 
 
 def body(owner: str, response_id: str) -> dict[str, Any]:
