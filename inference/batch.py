@@ -85,6 +85,16 @@ class BatchPlan:
     decode: DecodeRows | None = None  # with `decode_kernel`: every token (and then no groups)
     # with `fused_rope` and the decode kernel: `freqs` as [N, rope_dim / 2, 2] (cos, sin)
     rotations: Tensor | None = None
+    # sliding-window layers (Gemma 3): their RoPE (None: the global one) and, without the decode kernel, their groups
+    local_freqs: Tensor | None = None
+    local_rotations: Tensor | None = None
+    local_groups: tuple[AttentionGroup, ...] = ()
+
+    def rope(self, local: bool) -> tuple[Tensor, Tensor | None]:
+        """(freqs, rotations) for a global layer or a local one."""
+        if local and self.local_freqs is not None:
+            return self.local_freqs, self.local_rotations
+        return self.freqs, self.rotations
 
     @property
     def n_tokens(self) -> int:
@@ -98,12 +108,15 @@ class BatchPlan:
         dtype: torch.dtype = torch.float32,
         decode_kernel: bool = False,
         fused_rope: bool = False,
+        local_freqs: Tensor | None = None,
+        window: int = 0,
     ) -> BatchPlan:
         """`dtype`: the activations', for the additive attention masks; `decode_kernel`: every token is attended by
         the decode-attention kernel instead of in groups (the same arithmetic for a token whatever its chunk: a prompt
         whose start came from the prefix cache gives the bits a cold one does; and faster here: a 128-token chunk's
         prefill 1834 -> 2108 tok/s on a Zen 4, where one call of SDPA per chunk and layer was the rule up to now);
-        `fused_rope`: the kernel also rotates and stores them (`rotations`)."""
+        `fused_rope`: the kernel also rotates and stores them (`rotations`); `local_freqs`, `window`: the RoPE and the
+        window of sliding-window layers (the decode kernel takes the window itself)."""
         device = freqs_cis.device
         offsets = [0]
         for chunk in chunks:
@@ -112,7 +125,10 @@ class BatchPlan:
         positions = torch.tensor([p for c in chunks for p in range(c.start, c.end)], device=device)
         decode = DecodeRows(slots=slots, lengths=positions + 1) if decode_kernel else None
         groups = [] if decode_kernel else _groups(chunks, offsets, device, dtype)
+        local_groups = _groups(chunks, offsets, device, dtype, window) if window and not decode_kernel else []
         freqs = freqs_cis[positions]
+        local = None if local_freqs is None else local_freqs[positions]
+        fused = fused_rope and decode is not None
         return cls(
             chunks=tuple(chunks),
             token_slots=slots,
@@ -121,23 +137,27 @@ class BatchPlan:
             groups=tuple(groups),
             last_tokens=torch.tensor(offsets[1:], device=device) - 1,
             decode=decode,
-            rotations=torch.view_as_real(freqs) if fused_rope and decode is not None else None,
+            rotations=torch.view_as_real(freqs) if fused else None,
+            local_freqs=local,
+            local_rotations=torch.view_as_real(local) if fused and local is not None else None,
+            local_groups=tuple(local_groups),
         )
 
 
 def _groups(
-    chunks: Sequence[Chunk], offsets: list[int], device: torch.device, dtype: torch.dtype
+    chunks: Sequence[Chunk], offsets: list[int], device: torch.device, dtype: torch.dtype, window: int = 0
 ) -> list[AttentionGroup]:
     """Attention calls without the decode kernel: single-token chunks of ordinary length share one padded call, each
-    longer one (a prompt chunk, or a decode row far longer than the rest) gets its own."""
+    longer one (a prompt chunk, or a decode row far longer than the rest) gets its own; with a `window`, each query
+    sees only its last `window` positions."""
     singles = [(i, c) for i, c in enumerate(chunks) if c.length == 1]
     typical = median(c.end for _, c in singles) if singles else 0
     long_from = max(LONG_ROW_FACTOR * typical, LONG_ROW_MIN)
     short = [(i, c) for i, c in singles if c.end < long_from]
-    groups = [_padded_group([(offsets[i], c) for i, c in short], device, dtype)] if short else []
+    groups = [_padded_group([(offsets[i], c) for i, c in short], device, dtype, window)] if short else []
     for i, chunk in enumerate(chunks):
         if chunk.length > 1 or chunk.end >= long_from:
-            groups.append(_chunk_group(offsets[i], chunk, device, dtype))
+            groups.append(_chunk_group(offsets[i], chunk, device, dtype, window))
     return groups
 
 
@@ -147,7 +167,15 @@ def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
 
-def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device, dtype: torch.dtype) -> AttentionGroup:
+def _visible(cols: Tensor, last: Tensor, window: int) -> Tensor:
+    """Which key positions `cols` [S] each query at position `last` [r] sees: [r, S]."""
+    seen = cols[None, :] <= last[:, None]
+    return seen & (cols[None, :] > last[:, None] - window) if window else seen
+
+
+def _padded_group(
+    rows: list[tuple[int, Chunk]], device: torch.device, dtype: torch.dtype, window: int = 0
+) -> AttentionGroup:
     """Single-token queries over the run of slots they occupy, padded to the longest and masked."""
     lo = min(c.slot for _, c in rows)
     hi = max(c.slot for _, c in rows) + 1
@@ -158,7 +186,7 @@ def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device, dtype: to
         q_index[c.slot - lo, 0] = token
         last[c.slot - lo] = c.start
     # Rows that see every position need no mask (a single stream's decode step, or rows all at the same length).
-    visible = (torch.arange(kv_len)[None, :] <= last[:, None])[:, None, None, :]  # [b, 1, 1, kv_len]
+    visible = _visible(torch.arange(kv_len), last, window)[:, None, None, :]  # [b, 1, 1, kv_len]
     mask = None if bool(visible.all()) else _additive(visible, dtype).to(device)
     keep = torch.tensor([c.slot - lo for _, c in rows])
     dst_index = torch.tensor([token for token, _ in rows])
@@ -175,15 +203,16 @@ def _padded_group(rows: list[tuple[int, Chunk]], device: torch.device, dtype: to
     )
 
 
-def _chunk_group(offset: int, chunk: Chunk, device: torch.device, dtype: torch.dtype) -> AttentionGroup:
-    """One sequence's tokens attending causally over its own slot."""
+def _chunk_group(
+    offset: int, chunk: Chunk, device: torch.device, dtype: torch.dtype, window: int = 0
+) -> AttentionGroup:
+    """One sequence's tokens attending causally over its own slot (each over its last `window` positions)."""
     q_index = torch.arange(offset, offset + chunk.length, device=device)[None]  # [1, t]
-    if chunk.start == 0:
+    if chunk.start == 0 and (not window or chunk.end <= window):
         mask = None  # plain causal from position 0
     else:
-        cols = torch.arange(chunk.end)
         rows = torch.arange(chunk.start, chunk.end)
-        mask = _additive((cols[None, :] <= rows[:, None])[None, None], dtype).to(device)  # [1, 1, t, kv_len]
+        mask = _additive(_visible(torch.arange(chunk.end), rows, window)[None, None], dtype).to(device)  # [1, 1, t, S]
     return AttentionGroup(
         chunk.slot, chunk.slot + 1, chunk.end, q_index, mask, dst=slice(offset, offset + chunk.length)
     )

@@ -251,10 +251,12 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return y
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor, scale: float) -> Tensor:
+def decode_attention(
+    q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor, scale: float, window: int = 0
+) -> Tensor:
     """q [n, H, hd]; keys and values one layer of the cache [slots, KV, capacity, hd]; row i attends over the first
-    lengths[i] positions of slot slots[i]. Returns [n, H, hd], float32."""
-    y: Tensor = torch.ops.roundtrip.decode_attention(q, keys, values, slots, lengths, scale)
+    lengths[i] positions of slot slots[i] (with a `window`, the last `window` of them). Returns [n, H, hd], float32."""
+    y: Tensor = torch.ops.roundtrip.decode_attention(q, keys, values, slots, lengths, scale, window)
     return y
 
 
@@ -267,13 +269,16 @@ def roped_decode_attention(
     lengths: Tensor,
     heads: int,
     scale: float,
+    window: int = 0,
 ) -> Tensor:
     """A decode step's attention in one call: qkv [n, (H + 2 KV) * hd] as the projection gives it; rotations [n, R, 2]
     (RoPE's cos and sin at each row's position). Rotates queries and keys as `inference.model.apply_rope` does (the same
     bits), stores keys and values at position lengths[i] - 1 of slot slots[i] in one layer of the cache [slots, KV,
-    capacity, hd], in place, and attends row i over its slot's first lengths[i] positions. Returns [n, H * hd],
-    float32."""
-    y: Tensor = torch.ops.roundtrip.roped_decode_attention(qkv, rotations, keys, values, slots, lengths, heads, scale)
+    capacity, hd], in place, and attends row i over its slot's first lengths[i] positions (the last `window` of them
+    when window > 0). Returns [n, H * hd], float32."""
+    y: Tensor = torch.ops.roundtrip.roped_decode_attention(
+        qkv, rotations, keys, values, slots, lengths, heads, scale, window
+    )
     return y
 
 

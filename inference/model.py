@@ -1,4 +1,5 @@
-"""The LLaMA-family transformer, top-down, with module names that match the GGUF tensor names.
+"""The transformer of every family we run (see `inference.config`), top-down, with module names that match the GGUF
+tensor names.
 
 `Transformer.forward` takes the tokens of a whole engine step flattened into `[N]` —
 a decode token for each running sequence and chunks of prompt for newcomers — with a
@@ -31,15 +32,17 @@ class ForwardProbe(Protocol):
     def on_residual(self, layer: int, h: Tensor) -> None:
         """The residual stream [dim] entering `layer` (and, with layer == n_layers, leaving the last one)."""
 
-    def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
-        """The token's queries [H, hd] and every key it may see [KV, S, hd]."""
+    def on_attention(self, layer: int, q: Tensor, k: Tensor, first: int) -> None:
+        """The token's queries [H, hd] and the keys of positions 0..S-1 [KV, S, hd]; it sees positions first..S-1 (a
+        sliding-window layer's `first` is above 0 once the sequence outgrows the window)."""
 
     def on_mid_residual(self, layer: int, h: Tensor) -> None:
         """The residual stream [dim] between `layer`'s two halves: after its attention update, before its
         feed-forward."""
 
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
-        """The token's SwiGLU gate and up projections [ffn] each (silu(gate) * up reaches the down projection)."""
+        """The token's opened gate (the activation of its gate projection: silu, or Gemma's gelu) and up projection
+        [ffn] each; their product reaches the down projection."""
 
     def lens_streams(self) -> Tensor | None:
         """Recorded residual streams [n, dim] to read through the final norm and head (the logit lens), in the same
@@ -62,13 +65,17 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
-def rope_frequencies(config: ModelConfig, device: torch.device) -> Tensor:
-    """Complex rotations [context_length, rope_dim / 2] for every position."""
+def rope_frequencies(
+    config: ModelConfig, base: float, scale: float = 1.0, factors: Tensor | None = None, device: torch.device | None = None
+) -> Tensor:
+    """Complex rotations [context_length, rope_dim / 2] for every position: angle = position * scale / base^(2i / d)
+    / factors[i] (`scale`: linear RoPE scaling; `factors`: Llama 3.x's `rope_freqs`), as ggml's RoPE computes it."""
     half = config.rope_dim // 2
-    inv_freq = 1.0 / (
-        config.rope_base ** (torch.arange(0, half, dtype=torch.float64, device=device) * 2 / config.rope_dim)
-    )
-    angles = torch.outer(torch.arange(config.context_length, dtype=torch.float64, device=device), inv_freq)
+    inv_freq = 1.0 / (base ** (torch.arange(0, half, dtype=torch.float64, device=device) * 2 / config.rope_dim))
+    if factors is not None:
+        inv_freq = inv_freq / factors.to(torch.float64)
+    positions = torch.arange(config.context_length, dtype=torch.float64, device=device) * scale
+    angles = torch.outer(positions, inv_freq)  # [context, rope_dim / 2]
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
 
 
@@ -91,85 +98,135 @@ REFINE_MARGIN = 4.0  # tokens within this many logits of the best are recomputed
 Probes = dict[int, ForwardProbe]  # token index in the flattened batch -> its probe
 
 
+def _optional(weight: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if weight is None else weight.to(dtype)
+
+
 class Block(nn.Module):
-    """One transformer layer; attribute names are the GGUF's `blk.N.*` tensor names (Q, K, V and gate, up fused)."""
+    """One transformer layer; attribute names are the GGUF's `blk.N.*` tensor names (Q, K, V and gate, up fused).
+    What the family has (biases, QK-norm, norms after each sublayer, a sliding window) is a buffer or not."""
 
     attn_norm: Tensor
     ffn_norm: Tensor
+    attn_qkv_bias: Tensor | None
+    attn_q_norm: Tensor | None
+    attn_k_norm: Tensor | None
+    post_attention_norm: Tensor | None
+    post_ffw_norm: Tensor | None
 
-    def __init__(self, config: ModelConfig, weights: BlockWeights, stream_dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, weights: BlockWeights, stream_dtype: torch.dtype, layer: int) -> None:
         super().__init__()
         self.config = config
         self.stream_dtype = stream_dtype
+        self.window = config.window(layer)  # positions this layer sees (0: all)
         self.register_buffer("attn_norm", weights.attn_norm.to(stream_dtype))
         self.attn_qkv = weights.attn_qkv  # [(H + 2 KV) * hd, dim]
+        self.register_buffer("attn_qkv_bias", _optional(weights.attn_qkv_bias, torch.float32))
+        self.register_buffer("attn_q_norm", _optional(weights.attn_q_norm, torch.float32))
+        self.register_buffer("attn_k_norm", _optional(weights.attn_k_norm, torch.float32))
         self.attn_output = weights.attn_output
+        self.register_buffer("post_attention_norm", _optional(weights.post_attention_norm, stream_dtype))
         self.register_buffer("ffn_norm", weights.ffn_norm.to(stream_dtype))
         self.ffn_gate_up = weights.ffn_gate_up  # [2 * ffn, dim]
         self.ffn_down = weights.ffn_down
+        self.register_buffer("post_ffw_norm", _optional(weights.post_ffw_norm, stream_dtype))
 
     def forward(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
-        eps = self.config.norm_eps
-        h = x + self.attention(rms_norm(x, self.attn_norm, eps), plan, cache, layer, probes)
+        h = x + self._post_norm(self.attention(self._norm(x, self.attn_norm), plan, cache, layer, probes), "attention")
         for token, probe in probes.items():
             probe.on_mid_residual(layer, h[token])
-        return h + self.feed_forward(rms_norm(h, self.ffn_norm, eps), layer, probes)
+        return h + self._post_norm(self.feed_forward(self._norm(h, self.ffn_norm), layer, probes), "ffw")
+
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        return rms_norm(x.to(self.stream_dtype), weight, self.config.norm_eps)
+
+    def _post_norm(self, update: Tensor, sublayer: str) -> Tensor:
+        """A sublayer's update as it joins the residual stream: normed again in Gemma 3 (its post-norms)."""
+        weight = self.post_attention_norm if sublayer == "attention" else self.post_ffw_norm
+        return update if weight is None else self._norm(update, weight)
+
+    def qkv(self, x: Tensor) -> Tensor:
+        """Queries, keys and values [N, (H + 2 KV) * hd] before RoPE: projected, biased (Qwen 2), their query and key
+        heads each RMS-normed (QK-norm: Qwen 3, Gemma 3)."""
+        c = self.config
+        qkv = self.attn_qkv(x)
+        if self.attn_qkv_bias is None and self.attn_q_norm is None:
+            return qkv
+        qkv = qkv.float()
+        if self.attn_qkv_bias is not None:
+            qkv = qkv + self.attn_qkv_bias
+        if self.attn_q_norm is not None and self.attn_k_norm is not None:
+            heads = qkv.view(-1, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
+            q = rms_norm(heads[:, : c.n_heads].reshape(-1, c.head_dim), self.attn_q_norm, c.norm_eps)  # [N H, hd]
+            k = rms_norm(
+                heads[:, c.n_heads : c.n_heads + c.n_kv_heads].reshape(-1, c.head_dim), self.attn_k_norm, c.norm_eps
+            )  # [N KV, hd]
+            n = heads.shape[0]
+            qkv = torch.cat([q.view(n, -1), k.view(n, -1), heads[:, c.n_heads + c.n_kv_heads :].reshape(n, -1)], 1)
+        return qkv
 
     def attention(self, x: Tensor, plan: BatchPlan, cache: SlotCache, layer: int, probes: Probes) -> Tensor:
-        """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2."""
+        """Grouped-query attention over the cache: 9 query heads share 3 key/value heads in SmolLM2; a local layer
+        (Gemma 3) sees only the last `window` positions, with RoPE of its own base."""
         c = self.config
         N = x.shape[0]
-        if plan.rotations is not None and plan.decode is not None and not probes:
+        freqs, rotations = plan.rope(local=self.window > 0)
+        if rotations is not None and plan.decode is not None and not probes:
             # every token by the decode kernel: rotate, store, attend
             keys, values = cache.layer(layer)
             # [N, H * hd]
             out = cpu_kernels.roped_decode_attention(
-                self.attn_qkv(x).float(),
-                plan.rotations,
+                self.qkv(x).float(),
+                rotations,
                 keys,
                 values,
                 plan.decode.slots,
                 plan.decode.lengths,
                 c.n_heads,
-                c.head_dim**-0.5,
+                c.attention_scale,
+                self.window,
             )
             return self.attn_output(out)
-        qkv = self.attn_qkv(x).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
+        qkv = self.qkv(x).view(N, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [N, H + 2 KV, hd]
         # [N, H + KV, hd]: one rotation for both
-        qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], plan.freqs, self.stream_dtype)
+        qk = apply_rope(qkv[:, : c.n_heads + c.n_kv_heads], freqs, self.stream_dtype)
         q, k = qk[:, : c.n_heads], qk[:, c.n_heads :]  # [N, H | KV, hd]
         v = qkv[:, c.n_heads + c.n_kv_heads :].to(self.stream_dtype)  # [N, KV, hd]
         cache.write(layer, plan, k, v)
         for token, probe in probes.items():
-            keys, _ = cache.view(
-                layer,
-                int(plan.token_slots[token]),
-                int(plan.token_slots[token]) + 1,
-                int(plan.token_positions[token]) + 1,
-            )
-            probe.on_attention(layer, q[token], keys[0].to(q.dtype))
+            position = int(plan.token_positions[token])
+            keys, _ = cache.view(layer, int(plan.token_slots[token]), int(plan.token_slots[token]) + 1, position + 1)
+            first = max(0, position + 1 - self.window) if self.window else 0
+            probe.on_attention(layer, q[token], keys[0].to(q.dtype), first)
         if plan.decode is not None:  # every token by the decode kernel, each over its own positions
             keys, values = cache.layer(layer)  # [slots, KV, capacity, hd] each
             # [N, H, hd]
             out = cpu_kernels.decode_attention(
-                q, keys, values, plan.decode.slots, plan.decode.lengths, c.head_dim**-0.5
+                q, keys, values, plan.decode.slots, plan.decode.lengths, c.attention_scale, self.window
             )
         else:
             out = q.new_empty(N, c.n_heads, c.head_dim)  # [N, H, hd]
-            for group in plan.groups:
-                _attend_group(q, cache, layer, group, out, c.kv_group_size)
-        return self.attn_output(out.reshape(N, c.n_heads * c.head_dim))  # [N, dim]
+            for group in plan.local_groups if self.window else plan.groups:
+                _attend_group(q, cache, layer, group, out, c.kv_group_size, c.attention_scale)
+        return self.attn_output(out.reshape(N, c.q_dim))  # [N, dim]
 
     def feed_forward(self, x: Tensor, layer: int, probes: Probes) -> Tensor:
-        """SwiGLU: down(silu(gate(x)) * up(x)), the product taken by the down projection (fused where it can be)."""
+        """A gated feed-forward: down(act(gate(x)) * up(x)), with act silu (SwiGLU, its product taken by the down
+        projection, fused where it can be) or gelu (Gemma's GeGLU, tanh approximation)."""
         gate_up = self.ffn_gate_up(x)  # [N, 2 ffn]: gate, then up
+        gelu = self.config.family.activation == "gelu"
         for token, probe in probes.items():
-            gate, up = gate_up[token].chunk(2, dim=-1)  # [ffn] each
-            probe.on_feed_forward(layer, gate, up)
-        return self.ffn_down.swiglu(gate_up)
+            gate, up = gate_up[token].float().chunk(2, dim=-1)  # [ffn] each
+            probe.on_feed_forward(layer, F.gelu(gate, approximate="tanh") if gelu else F.silu(gate), up)
+        if not gelu:
+            return self.ffn_down.swiglu(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)  # [N, ffn] each
+        return self.ffn_down(F.gelu(gate.float(), approximate="tanh") * up.float())
 
 
-def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int) -> None:
+def _attend_group(
+    q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, out: Tensor, group_size: int, scale: float
+) -> None:
     """One attention call for a group of the plan; writes its queries' outputs into `out` [N, H, hd]."""
     keys, values = cache.view(layer, g.lo, g.hi, g.kv_len)  # [b, KV, S, hd]
     keys, values = keys.to(q.dtype), values.to(q.dtype)  # a float16 cache is read in the queries' float32
@@ -180,11 +237,13 @@ def _attend_group(q: Tensor, cache: SlotCache, layer: int, g: AttentionGroup, ou
         # Decode rows: fold each KV head's query heads into rows, so every cached key is read once.
         folded = qg.view(b, n_kv, group_size, hd)  # [b, KV, group, hd]
         # [b, H, hd]
-        y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=g.mask).view(b, n_kv * group_size, hd)
+        y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=g.mask, scale=scale).view(
+            b, n_kv * group_size, hd
+        )
     else:
         # [b, H, t, hd]
         y = F.scaled_dot_product_attention(
-            qg.transpose(1, 2), keys, values, attn_mask=g.mask, is_causal=g.mask is None, enable_gqa=True
+            qg.transpose(1, 2), keys, values, attn_mask=g.mask, is_causal=g.mask is None, enable_gqa=True, scale=scale
         )
         y = y.transpose(1, 2).reshape(b * t, n_kv * group_size, hd)  # [b * t, H, hd]
     if g.in_order:
@@ -216,11 +275,15 @@ class Transformer(nn.Module):
         self.weights_plan = weights.plan
         self.weights_bytes = weights.nbytes
         self.token_embd = weights.token_embd  # [V, dim], looked up by rows
-        self.blk = nn.ModuleList(Block(config, b, stream_dtype) for b in weights.blocks)
+        self.blk = nn.ModuleList(Block(config, b, stream_dtype, i) for i, b in enumerate(weights.blocks))
         self.register_buffer("output_norm", weights.output_norm.to(stream_dtype))
         self.output = weights.output  # [V, dim]
-        # A plain attribute, not a buffer: Module.to(dtype) would cast the complex rotations to real.
-        self.freqs_cis = rope_frequencies(config, torch.device("cpu"))
+        # Plain attributes, not buffers: Module.to(dtype) would cast the complex rotations to real.
+        self.freqs_cis = rope_frequencies(config, config.rope_base, config.rope_scale, weights.rope_freqs)
+        local_base = config.family.local_rope_base
+        self.local_freqs = (
+            rope_frequencies(config, local_base) if config.has_local_layers and local_base is not None else None
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -259,7 +322,10 @@ class Transformer(nn.Module):
         """tokens [N] laid out by `plan`. Returns float32 logits [n, V] for the tokens `logits_for`
         (default: the last token of every chunk)."""
         probes = probes or {}
-        x = self.token_embd.rows(tokens).to(self.stream_dtype)  # [N, dim]
+        x = self.token_embd.rows(tokens)  # [N, dim]
+        if self.config.embedding_scale != 1.0:
+            x = x * self.config.embedding_scale
+        x = x.to(self.stream_dtype)
         for layer, block in enumerate(self.blk):
             for token, probe in probes.items():
                 probe.on_residual(layer, x[token])
@@ -305,9 +371,19 @@ class Transformer(nn.Module):
         """The layout of a forward over `chunks` (see `inference.batch`), on this model's device and dtype."""
         if self.freqs_cis.device != self.device:
             self.freqs_cis = self.freqs_cis.to(self.device)  # moved once
+            self.local_freqs = None if self.local_freqs is None else self.local_freqs.to(self.device)
         # the fused call turns whole vectors of pairs (16 floats with AVX512)
         fused = self.decode_kernel and self.config.rope_dim % 16 == 0
-        return BatchPlan.build(chunks, self.freqs_cis, self.dtype, decode_kernel=self.decode_kernel, fused_rope=fused)
+        window = max((self.config.window(i) for i in range(self.config.n_layers)), default=0)
+        return BatchPlan.build(
+            chunks,
+            self.freqs_cis,
+            self.dtype,
+            decode_kernel=self.decode_kernel,
+            fused_rope=fused,
+            local_freqs=self.local_freqs,
+            window=window,
+        )
 
     @property
     def decode_kernel(self) -> bool:

@@ -34,6 +34,8 @@ from inference.weight_choice import WeightPlan
 ATTN_QKV = ("attn_q", "attn_k", "attn_v")
 FFN_GATE_UP = ("ffn_gate", "ffn_up")
 BLOCK_TENSORS = ("attn_norm", *ATTN_QKV, "attn_output", "ffn_norm", *FFN_GATE_UP, "ffn_down")
+QK_NORMS = ("attn_q_norm", "attn_k_norm")
+POST_NORMS = ("post_attention_norm", "post_ffw_norm")
 
 
 @dataclass
@@ -44,6 +46,17 @@ class BlockWeights:
     ffn_norm: Tensor
     ffn_gate_up: w.Projection
     ffn_down: w.Projection
+    attn_qkv_bias: Tensor | None = None  # [(H + 2 KV) * hd] (Qwen 2)
+    attn_q_norm: Tensor | None = None  # [hd] (QK-norm: Qwen 3, Gemma 3)
+    attn_k_norm: Tensor | None = None  # [hd]
+    post_attention_norm: Tensor | None = None  # [dim] (Gemma 3)
+    post_ffw_norm: Tensor | None = None  # [dim]
+
+    PROJECTIONS = ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")
+    VECTORS = ("attn_norm", "ffn_norm", "attn_qkv_bias", *QK_NORMS, *POST_NORMS)
+
+    def vectors(self) -> list[Tensor]:
+        return [t for n in self.VECTORS if (t := getattr(self, n)) is not None]
 
 
 @dataclass
@@ -53,15 +66,14 @@ class ModelWeights:
     output_norm: Tensor
     output: w.Projection  # [V, dim]
     plan: WeightPlan
+    rope_freqs: Tensor | None = None  # [rope_dim / 2]: Llama 3.x's divisor per RoPE frequency
 
     @property
     def nbytes(self) -> int:
-        projections = [self.output] + [
-            p for b in self.blocks for p in (b.attn_qkv, b.attn_output, b.ffn_gate_up, b.ffn_down)
-        ]
+        projections = [self.output] + [getattr(b, n) for b in self.blocks for n in BlockWeights.PROJECTIONS]
         if self.token_embd is not self.output:
             projections.append(self.token_embd)
-        tensors = [self.output_norm] + [t for b in self.blocks for t in (b.attn_norm, b.ffn_norm)]
+        tensors = [self.output_norm] + [t for b in self.blocks for t in b.vectors()]
         return sum(p.nbytes for p in projections) + sum(t.numel() * t.element_size() for t in tensors)
 
     def state(self) -> dict[str, Any]:
@@ -71,14 +83,11 @@ class ModelWeights:
             "token_embd": None if self.token_embd is self.output else self.token_embd.state(),
             "output_norm": self.output_norm,
             "output": self.output.state(),
+            "rope_freqs": self.rope_freqs,
             "blocks": [
                 {
-                    "attn_norm": b.attn_norm,
-                    "attn_qkv": b.attn_qkv.state(),
-                    "attn_output": b.attn_output.state(),
-                    "ffn_norm": b.ffn_norm,
-                    "ffn_gate_up": b.ffn_gate_up.state(),
-                    "ffn_down": b.ffn_down.state(),
+                    **{n: getattr(b, n).state() for n in BlockWeights.PROJECTIONS},
+                    **{n: getattr(b, n) for n in BlockWeights.VECTORS},
                 }
                 for b in self.blocks
             ],
@@ -88,26 +97,45 @@ class ModelWeights:
     def restore(cls, state: dict[str, Any], plan: WeightPlan) -> ModelWeights:
         blocks = [
             BlockWeights(
-                b["attn_norm"],
-                w.restore(b["attn_qkv"]),
-                w.restore(b["attn_output"]),
-                b["ffn_norm"],
-                w.restore(b["ffn_gate_up"]),
-                w.restore(b["ffn_down"]),
+                **{n: w.restore(b[n]) for n in BlockWeights.PROJECTIONS},
+                **{n: b[n] for n in BlockWeights.VECTORS},
             )
             for b in state["blocks"]
         ]
         output = w.restore(state["output"])
         token_embd = output if state["token_embd"] is None else w.restore(state["token_embd"])
-        return cls(token_embd, blocks, state["output_norm"], output, plan)
+        return cls(token_embd, blocks, state["output_norm"], output, plan, state["rope_freqs"])
+
+
+def block_tensors(config: ModelConfig) -> tuple[str, ...]:
+    """The tensors of one layer in this architecture (`blk.N.<name>.weight`; biases are `.bias`)."""
+    f = config.family
+    names = BLOCK_TENSORS + (QK_NORMS if f.qk_norm else ()) + (POST_NORMS if f.post_norms else ())
+    return names + (tuple(f"{n}.bias" for n in ATTN_QKV) if f.qkv_bias else ())
 
 
 def expected_tensors(config: ModelConfig, gguf: GGUFFile) -> list[str]:
     names = ["token_embd.weight", "output_norm.weight"]
-    names += [f"blk.{i}.{t}.weight" for i in range(config.n_layers) for t in BLOCK_TENSORS]
-    if gguf.has_tensor("output.weight"):
-        names.append("output.weight")
+    names += [
+        f"blk.{i}.{t}" if t.endswith(".bias") else f"blk.{i}.{t}.weight"
+        for i in range(config.n_layers)
+        for t in block_tensors(config)
+    ]
+    for optional in ("output.weight", "rope_freqs.weight"):
+        if gguf.has_tensor(optional):
+            names.append(optional)
     return names
+
+
+def rope_pairing(n_heads: int, head_dim: int, rope_dim: int) -> Tensor:
+    """The row order that turns NeoX RoPE (feature i with i + rope_dim / 2) into adjacent pairs (2i with 2i + 1) for
+    a projection's `n_heads` heads: the model and its kernels rotate adjacent pairs only. A query . key product is the
+    same in any order of the features, so permuting Q's and K's rows (their biases and QK-norm weights alike) leaves
+    attention exactly as the file's layout computes it."""
+    half = rope_dim // 2
+    within = torch.arange(head_dim)
+    within[:rope_dim] = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+    return (torch.arange(n_heads)[:, None] * head_dim + within[None, :]).flatten()  # [n_heads * head_dim]
 
 
 def read(
@@ -119,7 +147,8 @@ def read(
     blocks = [reader.block(f"blk.{i}.", c) for i in range(c.n_layers)]
     token_embd = reader.head("token_embd", c)
     output = reader.head("output", c) if gguf.has_tensor("output.weight") else token_embd
-    return ModelWeights(token_embd, blocks, reader.vector("output_norm", c.dim), output, plan)
+    rope_freqs = reader.vector("rope_freqs", c.rope_dim // 2) if gguf.has_tensor("rope_freqs.weight") else None
+    return ModelWeights(token_embd, blocks, reader.vector("output_norm", c.dim), output, plan, rope_freqs)
 
 
 class WeightReader:
@@ -132,8 +161,9 @@ class WeightReader:
         self.done = 0
 
     def source(self, name: str, shape: tuple[int, ...]) -> tuple[Tensor, w.Q4Blocks | None]:
-        """A tensor's float32 values, and its 4-bit blocks when the plan's 4-bit format can use the file's own."""
-        full = f"{name}.weight"
+        """A tensor's float32 values (`name`: without `.weight`, or ending in `.bias`), and its 4-bit blocks when the
+        plan's 4-bit format can use the file's own."""
+        full = name if name.endswith(".bias") else f"{name}.weight"
         blocks = None
         if self.plan.uses(w.WeightFormat.INT4):
             raw = self.gguf.q4_blocks(full)
@@ -150,25 +180,47 @@ class WeightReader:
     def vector(self, name: str, size: int) -> Tensor:
         return self.source(name, (size,))[0]  # float32; the model keeps norms in its stream's dtype
 
-    def projection(self, names: tuple[str, ...], shapes: list[tuple[int, int]]) -> w.Projection:
-        """One projection from one or more tensors stacked along the outputs (q, k and v; gate and up)."""
+    def projection(
+        self, names: tuple[str, ...], shapes: list[tuple[int, int]], orders: list[Tensor | None] | None = None
+    ) -> w.Projection:
+        """One projection from one or more tensors stacked along the outputs (q, k and v; gate and up), each one's
+        rows in `orders` (None: as stored)."""
         parts = [self.source(n, s) for n, s in zip(names, shapes)]
+        if orders is not None:
+            parts = [(d, b) if o is None else (d[o], b and b.rows(o)) for (d, b), o in zip(parts, orders)]
         dense = torch.cat([d for d, _ in parts])  # [sum of outputs, inputs]
         found = [b for _, b in parts if b is not None]
         return self.plan.build(dense, w.Q4Blocks.concat(found) if len(found) == len(parts) else None)
 
     def block(self, p: str, c: ModelConfig) -> BlockWeights:
-        hd = c.head_dim
+        hd, f = c.head_dim, c.family
+        q_order = rope_pairing(c.n_heads, hd, c.rope_dim) if f.rope_halves else None
+        k_order = rope_pairing(c.n_kv_heads, hd, c.rope_dim) if f.rope_halves else None
+        head_order = rope_pairing(1, hd, c.rope_dim) if f.rope_halves else None
+        qkv_shapes = [(c.q_dim, c.dim), (c.n_kv_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim)]
+
+        def ordered(name: str, size: int, order: Tensor | None) -> Tensor:
+            v = self.vector(p + name, size)
+            return v if order is None else v[order]
+
+        bias = None
+        if f.qkv_bias:
+            sizes = [s[0] for s in qkv_shapes]
+            bias = torch.cat(
+                [ordered(f"{n}.bias", size, o) for n, size, o in zip(ATTN_QKV, sizes, (q_order, k_order, None))]
+            )
         return BlockWeights(
             attn_norm=self.vector(p + "attn_norm", c.dim),
-            attn_qkv=self.projection(
-                tuple(p + n for n in ATTN_QKV),
-                [(c.n_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim), (c.n_kv_heads * hd, c.dim)],
-            ),
-            attn_output=self.projection((p + "attn_output",), [(c.dim, c.n_heads * hd)]),
+            attn_qkv=self.projection(tuple(p + n for n in ATTN_QKV), qkv_shapes, [q_order, k_order, None]),
+            attn_output=self.projection((p + "attn_output",), [(c.dim, c.q_dim)]),
             ffn_norm=self.vector(p + "ffn_norm", c.dim),
             ffn_gate_up=self.projection(tuple(p + n for n in FFN_GATE_UP), [(c.ffn_dim, c.dim), (c.ffn_dim, c.dim)]),
             ffn_down=self.projection((p + "ffn_down",), [(c.dim, c.ffn_dim)]),
+            attn_qkv_bias=bias,
+            attn_q_norm=ordered("attn_q_norm", hd, head_order) if f.qk_norm else None,
+            attn_k_norm=ordered("attn_k_norm", hd, head_order) if f.qk_norm else None,
+            post_attention_norm=self.vector(p + "post_attention_norm", c.dim) if f.post_norms else None,
+            post_ffw_norm=self.vector(p + "post_ffw_norm", c.dim) if f.post_norms else None,
         )
 
     def head(self, name: str, c: ModelConfig) -> w.Projection:

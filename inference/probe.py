@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from inference.trace import LayerDetail, LensGuess, Neuron
@@ -30,12 +29,16 @@ def lens_layers(n_layers: int, count: int | None = LIVE_LENS_LAYERS) -> list[int
     return sorted({round((k + 1) * n_layers / count) - 1 for k in range(count)})
 
 
-def attention_weights(q: Tensor, k: Tensor) -> Tensor:
+def attention_weights(q: Tensor, k: Tensor, first: Tensor | None = None) -> Tensor:
     """Attention weights [..., H, S] over every position a token sees, recomputed: q [..., H, hd], k [..., KV, S, hd]
-    (the leading dims, such as layers, are batched into one multiply)."""
-    n_kv, hd = k.shape[-3], k.shape[-1]
+    (the leading dims, such as layers, are batched into one multiply); `first` [...]: the first position each sees
+    (a sliding window's), the ones before it get weight 0."""
+    n_kv, S, hd = k.shape[-3], k.shape[-2], k.shape[-1]
     grouped = q.float().unflatten(-2, (n_kv, -1))  # [..., KV, group, hd]: the query heads that share each key head
     scores = torch.matmul(grouped, k.float().transpose(-1, -2)).flatten(-3, -2) / math.sqrt(hd)  # [..., H, S]
+    if first is not None:
+        hidden = torch.arange(S) < first.unsqueeze(-1)  # [..., S]
+        scores = scores.masked_fill(hidden.unsqueeze(-2), float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -62,10 +65,10 @@ class PromptMatrixProbe:
     def on_lens(self, logits: Tensor) -> None:
         pass
 
-    def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
+    def on_attention(self, layer: int, q: Tensor, k: Tensor, first: int) -> None:
         if layer == self.layer:
             seen = k.shape[1]  # the query's own position + 1
-            self.weights[:, seen - 1, :seen] = attention_weights(q, k)
+            self.weights[:, seen - 1, :seen] = attention_weights(q, k, torch.tensor(first))
 
 
 class LayerProbe:
@@ -77,6 +80,7 @@ class LayerProbe:
         self._mid: list[Tensor] = []
         self._queries: list[Tensor] = []
         self._keys: list[Tensor] = []
+        self._firsts: list[int] = []
         self._gates: list[Tensor] = []
         self._ups: list[Tensor] = []
         self._lens_layers: list[int] = []
@@ -88,9 +92,10 @@ class LayerProbe:
     def on_mid_residual(self, layer: int, h: Tensor) -> None:
         self._mid.append(h.float())  # [dim]
 
-    def on_attention(self, layer: int, q: Tensor, k: Tensor) -> None:
+    def on_attention(self, layer: int, q: Tensor, k: Tensor, first: int) -> None:
         self._queries.append(q)  # views; the weights of every layer are computed in one multiply in `detail`
         self._keys.append(k)
+        self._firsts.append(first)
 
     def on_feed_forward(self, layer: int, gate: Tensor, up: Tensor) -> None:
         self._gates.append(gate.clone())  # [ffn], not a view that would keep the whole batch's projection alive;
@@ -110,9 +115,9 @@ class LayerProbe:
         self._lens_logits = logits
 
     def _top_neurons(self) -> list[list[Neuron]]:
-        """Per layer, the neurons that send the most into the down projection: largest |silu(gate) * up|."""
+        """Per layer, the neurons that send the most into the down projection: largest |act(gate) * up|."""
         # [L, ffn]: how far each neuron's gate lets its up value through
-        opened = F.silu(torch.stack(self._gates).float())
+        opened = torch.stack(self._gates).float()
         up = torch.stack(self._ups).float()  # [L, ffn]
         activation = opened * up
         top = activation.abs().topk(min(TOP_NEURONS, activation.shape[1]), dim=-1).indices  # [L, k]
@@ -130,7 +135,9 @@ class LayerProbe:
         best_p = (best_logit - torch.logsumexp(logits, dim=-1)).exp()
         guesses = [LensGuess(layer, i, p) for layer, i, p in zip(layers * 2, best_id.tolist(), best_p.tolist())]
         return LayerDetail(
-            attention=attention_weights(torch.stack(self._queries), torch.stack(self._keys))
+            attention=attention_weights(
+                torch.stack(self._queries), torch.stack(self._keys), torch.tensor(self._firsts)
+            )
             .to(torch.float16)
             .cpu()
             .numpy(),  # [L, H, S]

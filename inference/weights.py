@@ -79,6 +79,10 @@ class Q4Blocks:
             torch.cat([p.minimums for p in parts]),
         )
 
+    def rows(self, order: Tensor) -> Q4Blocks:
+        """The same weight with its output rows in `order`."""
+        return Q4Blocks(self.codes[order], self.scales[order], self.minimums[order])
+
     def dequantize(self) -> Tensor:
         n, k = self.codes.shape
         groups = self.codes.reshape(n, k // GROUP, GROUP).float()  # [N, K/32, 32]

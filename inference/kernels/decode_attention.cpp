@@ -176,10 +176,11 @@ T* cache_data(const at::Tensor& t) {
   }
 }
 
-// Every row's heads against its own slot's first lengths[i] positions: q [n, H, hd] at qp, out [n, H, hd] at op.
+// Every row's heads against its own slot's first lengths[i] positions (with a window above 0, only the last `window`
+// of them: a sliding-window layer's): q [n, H, hd] at qp, out [n, H, hd] at op.
 template <typename T>
 void attend_rows_as(const float* qp, const at::Tensor& keys, const at::Tensor& values, const int64_t* sp, const int64_t* lp, int64_t n,
-                 int64_t heads, float scale, float* op) {
+                 int64_t heads, float scale, int64_t window, float* op) {
   const int64_t kv_heads = keys.size(1), capacity = keys.size(2), hd = keys.size(3), group = heads / kv_heads;
   const AttendFn<T> attend_row = attend_for<T>(hd);
   const T* kp = cache_data<T>(keys);
@@ -188,18 +189,20 @@ void attend_rows_as(const float* qp, const at::Tensor& keys, const at::Tensor& v
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / kv_heads, h = task % kv_heads;
-      const int64_t base = (sp[i] * kv_heads + h) * capacity * hd;
-      attend_row(qp + (i * heads + h * group) * hd, kp + base, vp + base, lp[i], group, scale, op + (i * heads + h * group) * hd, scores);
+      const int64_t first = window > 0 ? std::max<int64_t>(0, lp[i] - window) : 0;
+      const int64_t base = ((sp[i] * kv_heads + h) * capacity + first) * hd;
+      attend_row(qp + (i * heads + h * group) * hd, kp + base, vp + base, lp[i] - first, group, scale, op + (i * heads + h * group) * hd,
+                 scores);
     }
   });
 }
 
 void attend_rows(const float* qp, const at::Tensor& keys, const at::Tensor& values, const int64_t* sp, const int64_t* lp, int64_t n,
-                 int64_t heads, float scale, float* op) {
+                 int64_t heads, float scale, int64_t window, float* op) {
   if (keys.scalar_type() == at::kHalf) {
-    attend_rows_as<simd::Half>(qp, keys, values, sp, lp, n, heads, scale, op);
+    attend_rows_as<simd::Half>(qp, keys, values, sp, lp, n, heads, scale, window, op);
   } else {
-    attend_rows_as<float>(qp, keys, values, sp, lp, n, heads, scale, op);
+    attend_rows_as<float>(qp, keys, values, sp, lp, n, heads, scale, window, op);
   }
 }
 
@@ -219,9 +222,9 @@ void check_rows(const at::Tensor& keys, const int64_t* sp, const int64_t* lp, in
 }
 
 // q [n, H, hd]; keys and values [slots, KV, capacity, hd] (one layer of the cache); row i reads slot slots[i]'s first
-// lengths[i] positions. Returns [n, H, hd].
+// lengths[i] positions (the last `window` of them when window > 0). Returns [n, H, hd].
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& slots_in,
-                            const at::Tensor& lengths_in, double scale) {
+                            const at::Tensor& lengths_in, double scale, int64_t window) {
   TORCH_CHECK(q_in.scalar_type() == at::kFloat, "decode_attention: float32 only");
   const at::Tensor q = q_in.contiguous();
   const at::Tensor slots = slots_in.to(at::kLong).contiguous();
@@ -232,7 +235,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& keys, cons
   check_rows(keys, slots.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), n);
   at::Tensor out = at::empty_like(q);
   attend_rows(q.data_ptr<float>(), keys, values, slots.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), n, q.size(1), static_cast<float>(scale),
-              out.data_ptr<float>());
+              window, out.data_ptr<float>());
   return out;
 }
 
@@ -291,7 +294,7 @@ void rotate_and_store(const at::Tensor& qkv, const at::Tensor& rotations, const 
 // keys, values: one layer of the cache [slots, KV, capacity, hd], written in place; row i is the token at position
 // lengths[i] - 1 of slot slots[i] (the plan's DecodeRows, as `decode_attention` takes them). Returns [n, H hd].
 at::Tensor roped_decode_attention(const at::Tensor& qkv_in, const at::Tensor& rotations_in, const at::Tensor& keys, const at::Tensor& values,
-                                  const at::Tensor& slots_in, const at::Tensor& lengths_in, int64_t heads, double scale) {
+                                  const at::Tensor& slots_in, const at::Tensor& lengths_in, int64_t heads, double scale, int64_t window) {
   TORCH_CHECK(qkv_in.scalar_type() == at::kFloat && rotations_in.scalar_type() == at::kFloat, "roped_decode_attention: float32 only");
   const int64_t kv_heads = keys.size(1), hd = keys.size(3), n = qkv_in.size(0);
   check_cache(keys, values, heads, hd);
@@ -313,16 +316,16 @@ at::Tensor roped_decode_attention(const at::Tensor& qkv_in, const at::Tensor& ro
     rotate_and_store<float>(qkv, rotations, keys, values, sp, lp, heads, q);
   }
   at::Tensor out = at::empty({n, heads * hd}, qkv.options());
-  attend_rows(q.data_ptr<float>(), keys, values, sp, lp, n, heads, static_cast<float>(scale), out.data_ptr<float>());
+  attend_rows(q.data_ptr<float>(), keys, values, sp, lp, n, heads, static_cast<float>(scale), window, out.data_ptr<float>());
   return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(roundtrip, m) {
-  m.def("decode_attention(Tensor q, Tensor keys, Tensor values, Tensor slots, Tensor lengths, float scale) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor keys, Tensor values, Tensor slots, Tensor lengths, float scale, int window=0) -> Tensor");
   m.def("roped_decode_attention(Tensor qkv, Tensor rotations, Tensor(a!) keys, Tensor(b!) values, Tensor slots, Tensor lengths, int heads, "
-        "float scale) -> Tensor");
+        "float scale, int window=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(roundtrip, CPU, m) {
