@@ -76,6 +76,7 @@ class ModelConfig:
     family: Family = field(default_factory=Family)
     sliding_window: int = 0  # positions a local layer sees, its own included (0: every layer is global)
     rope_scale: float = 1.0  # global layers' positions are multiplied by this (linear RoPE scaling)
+    local_rope_base: float = 0.0  # the sliding-window layers' RoPE base (0: `rope_base`)
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -109,8 +110,7 @@ class ModelConfig:
         return self.sliding_window if layer % every < every - 1 else 0
 
     def rope_base_for(self, layer: int) -> float:
-        local = self.window(layer) and self.family.local_rope_base
-        return float(local) if local else self.rope_base
+        return self.local_rope_base if self.window(layer) and self.local_rope_base else self.rope_base
 
     @property
     def has_local_layers(self) -> bool:
@@ -160,4 +160,5 @@ class ModelConfig:
             family=FAMILIES[str(arch)],
             sliding_window=int(meta.get(f"{arch}.attention.sliding_window", 0)),
             rope_scale=1.0 / factor if scaling == "linear" else 1.0,
+            local_rope_base=float(meta.get(f"{arch}.rope.freq_base_swa", FAMILIES[str(arch)].local_rope_base or 0.0)),
         )

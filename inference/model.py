@@ -280,9 +280,10 @@ class Transformer(nn.Module):
         self.output = weights.output  # [V, dim]
         # Plain attributes, not buffers: Module.to(dtype) would cast the complex rotations to real.
         self.freqs_cis = rope_frequencies(config, config.rope_base, config.rope_scale, weights.rope_freqs)
-        local_base = config.family.local_rope_base
         self.local_freqs = (
-            rope_frequencies(config, local_base) if config.has_local_layers and local_base is not None else None
+            rope_frequencies(config, config.local_rope_base)
+            if config.has_local_layers and config.local_rope_base
+            else None
         )
 
     @property

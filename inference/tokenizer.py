@@ -21,10 +21,12 @@ CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 # Control tokens that end an assistant turn in the chat formats we know, besides the file's EOS.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>")
 
+# llama.cpp's pre-tokenizer regexes (`llama-vocab.cpp`): Llama 3 groups digits by three, Qwen 2 splits every digit
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 def pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -34,9 +36,10 @@ def pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return byte_level
     if pre in ("smollm", "starcoder", "refact"):  # every digit on its own, then GPT-2's regex
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
-        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
-        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    split = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+    if pre in split:
+        isolated = pre_tokenizers.Split(Regex(split[pre]), behavior="isolated")
+        return pre_tokenizers.Sequence([isolated, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     raise ValueError(pre)
 
 

@@ -120,8 +120,8 @@ def model_shapes(config: ModelConfig) -> list[int4_gemm.Shape]:
     """(out, in) of every projection: fused QKV, attention output, fused gate/up, down, and the head."""
     c = config
     return [
-        (c.dim + 2 * c.n_kv_heads * c.head_dim, c.dim),
-        (c.dim, c.n_heads * c.head_dim),
+        (c.q_dim + 2 * c.n_kv_heads * c.head_dim, c.dim),
+        (c.dim, c.q_dim),
         (2 * c.ffn_dim, c.dim),
         (c.dim, c.ffn_dim),
         (c.vocab_size, c.dim),
@@ -252,7 +252,7 @@ def measure(
 
 
 def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> float:
-    inputs = {config.dim: x, config.ffn_dim: x.new_zeros(x.shape[0], config.ffn_dim)}
+    inputs = {n: x if n == config.dim else x.new_zeros(x.shape[0], n) for n in (config.dim, config.q_dim, config.ffn_dim)}
 
     def run() -> None:
         for p in projections:

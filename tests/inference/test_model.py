@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from load_settings import cpu
-from naive_llama import file_weights, kv_rounding, naive_logits
+from naive_transformer import file_weights, kv_rounding, naive_logits
 
 from inference.batch import BatchPlan, Chunk
 from inference.kv_cache import SlotCache

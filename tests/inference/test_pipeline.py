@@ -114,7 +114,7 @@ def test_every_level_gives_the_same_answer(tiny_pipeline: ChatPipeline, level: T
 
 
 def test_full_level_attention_matches_a_plain_recomputation(tiny_pipeline: ChatPipeline) -> None:
-    from naive_llama import file_weights, kv_rounding, naive_forward
+    from naive_transformer import file_weights, kv_rounding, naive_forward
 
     loaded = tiny_pipeline.loaded
     request = tiny_pipeline.prepare(MESSAGES, SamplingParams(temperature=0.0, max_tokens=1))
@@ -126,7 +126,7 @@ def test_full_level_attention_matches_a_plain_recomputation(tiny_pipeline: ChatP
 
 def test_full_level_feed_forward_half_matches_a_plain_recomputation(tiny_pipeline: ChatPipeline) -> None:
     """Each half's update, the top SwiGLU neurons and the logit lens after each half, against float64 numpy."""
-    from naive_llama import NaiveLayer, file_weights, kv_rounding, naive_forward, rms_norm
+    from naive_transformer import NaiveLayer, file_weights, kv_rounding, naive_forward, rms_norm
 
     loaded = tiny_pipeline.loaded
     config = loaded.config

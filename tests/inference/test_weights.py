@@ -16,7 +16,7 @@ import torch
 from forward import last_logits
 from gguf import GGMLQuantizationType as Q
 from load_settings import cpu
-from naive_llama import file_weights, kv_rounding, naive_logits
+from naive_transformer import file_weights, kv_rounding, naive_logits
 from tiny_gguf import TinySpec, write_tiny_gguf
 
 from inference.batch import Chunk

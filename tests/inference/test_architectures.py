@@ -1,0 +1,128 @@
+"""Every architecture we run, on a tiny GGUF written with its real tensor names and metadata keys: the model against
+an independent float64 re-implementation of that architecture, batched against alone, cached against uncached, with
+and without our CPU kernels (the decode kernel takes a sliding window itself; torch's attention gets it as a mask)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from load_settings import cpu
+from naive_transformer import file_weights, kv_rounding, naive_logits
+from tiny_gguf import TinySpec, write_tiny_gguf
+
+from inference.batch import Chunk
+from inference.errors import ModelFileError
+from inference.loader import LoadedModel, load_model
+from inference.model import Transformer
+
+# Each family with what makes it differ: Llama 3's frequency divisors, Qwen 2's biases, Qwen 3's QK-norm and a head
+# size that is not width / heads, Gemma 3's everything (a 4-position window on 5 of its 6 layers, so the 12-token
+# prompts below outgrow it).
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama3": {"architecture": "llama", "rope_freqs": True, "tokenizer_pre": "llama-bpe"},
+    "qwen2": {"architecture": "qwen2", "tokenizer_pre": "qwen2"},
+    "qwen3": {"architecture": "qwen3", "head_dim": 32, "tokenizer_pre": "qwen2"},
+    "gemma3": {"architecture": "gemma3", "head_dim": 32, "n_heads": 2, "n_kv_heads": 1, "n_layers": 6, "sliding_window": 4},
+}
+IDS = [1, 120, 45, 200, 7, 99, 250, 3, 61, 62, 63, 64]
+# float32 against float64 through 2 to 6 layers of random weights, keys and values through a float16 cache when the
+# decode kernel reads one: the reference rounds its keys as the cache does, the rest is float32's own error
+TOLERANCE = 2e-4
+
+
+def _forward(model: Transformer, cache: Any, chunks: list[tuple[Chunk, list[int]]], every: bool = False) -> torch.Tensor:
+    plan = model.plan([c for c, _ in chunks])
+    tokens = torch.tensor([t for _, ids in chunks for t in ids])
+    with torch.inference_mode():
+        return model(tokens, plan, cache, logits_for=torch.arange(len(tokens)) if every else None)
+
+
+def _all_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
+    return _forward(model, model.new_cache(1, len(ids)), [(Chunk(0, 0, len(ids)), ids)], every=True)
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def model_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = TinySpec(**ARCHITECTURES[request.param])
+    return write_tiny_gguf(tmp_path_factory.mktemp(request.param) / f"{request.param}.gguf", spec)
+
+
+@pytest.fixture(scope="module", params=["kernels", "torch"])
+def loaded(request: pytest.FixtureRequest, model_file: Path) -> LoadedModel:
+    return load_model(str(model_file), cpu(cpu_kernels="auto" if request.param == "kernels" else "off"))
+
+
+def test_logits_match_an_independent_float64_implementation(loaded: LoadedModel) -> None:
+    expected = naive_logits(loaded.config, file_weights(loaded), IDS, kv_rounding(loaded))
+    got = _all_logits(loaded.model, IDS).numpy()
+    assert np.abs(got - expected).max() < TOLERANCE * max(1.0, float(np.abs(expected).max()))
+
+
+def test_cached_decoding_equals_uncached(loaded: LoadedModel) -> None:
+    model = loaded.model
+    cache = model.new_cache(1, len(IDS))
+    rows = [_forward(model, cache, [(Chunk(0, 0, 3), IDS[:3])])]
+    rows += [_forward(model, cache, [(Chunk(0, p, 1), [IDS[p]])]) for p in range(3, len(IDS))]
+    # torch's attention sums a prompt's rows in another order than a decode row's (the kernel path gives the same bits)
+    assert torch.allclose(torch.cat(rows), _all_logits(model, IDS)[2:], atol=1e-4)
+
+
+def test_a_batched_step_gives_each_sequence_what_it_gets_alone(loaded: LoadedModel) -> None:
+    model = loaded.model
+    a, b, c = IDS[:9], IDS[3:], IDS[:5]
+    cache = model.new_cache(3, 16)
+    _forward(model, cache, [(Chunk(0, 0, 8), a[:8]), (Chunk(1, 0, 8), b[:8])])
+    _forward(model, cache, [(Chunk(2, 0, 2), c[:2])])
+    step = _forward(model, cache, [(Chunk(0, 8, 1), a[8:]), (Chunk(1, 8, 1), b[8:]), (Chunk(2, 2, 3), c[2:])])
+    for row, alone in zip(step, (a, b, c)):
+        assert torch.allclose(row, _all_logits(model, alone)[-1], atol=1e-4)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "off"])
+def test_a_sliding_window_layer_does_not_see_past_its_window(tmp_path: Path, kernels: str) -> None:
+    """Gemma's local layers: changing a token the window has left behind changes nothing in a model of local layers
+    only (its global layer would see it), and does change the output of the whole model."""
+    model_file = write_tiny_gguf(tmp_path / "gemma.gguf", TinySpec(**ARCHITECTURES["gemma3"]))
+    loaded = load_model(str(model_file), cpu(cpu_kernels=kernels))
+    model = loaded.model
+    window = loaded.config.sliding_window
+    changed = [IDS[0] + 1] + IDS[1:]
+    assert not torch.allclose(_all_logits(model, IDS)[-1], _all_logits(model, changed)[-1])
+    model.blk = model.blk[:3]  # three local layers: the last position reaches back 3 x 3 positions, not to the first
+    try:
+        assert all(block.window == window for block in model.blk)
+        last = [_all_logits(model, ids)[-1] for ids in (IDS, changed)]
+        assert torch.equal(last[0], last[1])
+    finally:
+        model.blk = load_model(str(model_file), cpu(cpu_kernels=kernels)).model.blk
+
+
+def test_quantized_k_quant_layers_stay_close_to_the_file(tmp_path: Path) -> None:
+    """A Gemma-shaped file in the block types a Q4_K_M Gemma holds runs in the int4 plan within the rounding of its
+    activations."""
+    path = write_tiny_gguf(
+        tmp_path / "q.gguf", TinySpec(**ARCHITECTURES["gemma3"], dim=256, ffn_dim=256, linear_type=GGMLQuantizationType.Q8_0)
+    )
+    fp32 = load_model(str(path), cpu())
+    int4 = load_model(str(path), cpu(weights="int4"))
+    a, b = _all_logits(fp32.model, IDS[:6]), _all_logits(int4.model, IDS[:6])
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
+
+
+def test_an_unknown_architecture_is_a_clear_error_naming_it(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "mamba.gguf", TinySpec(architecture="mamba"))
+    with pytest.raises(ModelFileError, match="unsupported architecture 'mamba'.*gemma3") as raised:
+        load_model(str(path), cpu())
+    assert str(path) in str(raised.value)
+
+
+def test_a_missing_family_tensor_is_named(tmp_path: Path) -> None:
+    spec = TinySpec(**ARCHITECTURES["gemma3"], omit_tensors=["blk.2.post_ffw_norm.weight"])
+    path = write_tiny_gguf(tmp_path / "g.gguf", spec)
+    with pytest.raises(ModelFileError, match="blk.2.post_ffw_norm.weight"):
+        load_model(str(path), cpu())
