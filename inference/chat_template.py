@@ -21,7 +21,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from inference.errors import InvalidRequestError, ModelFileError
-from inference.tokenizer import BPETokenizer
+from inference.tokenizer import Tokenizer
 from inference.tool_prompt import plain_messages, template_takes_tools
 
 ROLES = ("system", "user", "assistant")
@@ -33,6 +33,18 @@ CHATML_TEMPLATE = (
     "'\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# Gemma's turns, for Gemma files without a template (llama.cpp's `gemma` template does the same): the assistant is
+# "model", a system message opens the first user turn.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% set first = '' %}{% set start = 0 %}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set first = messages[0]['content'] + '\n\n' %}{% set start = 1 %}{% endif %}"
+    "{% for message in messages[start:] %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' }}"
+    "{{ (first if loop.first else '') + message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+FAMILY_TEMPLATES = {"gemma3": GEMMA_TEMPLATE}  # by architecture, for files without a template; else ChatML
 
 
 class Message(TypedDict):
@@ -77,7 +89,7 @@ class ChatTemplate:
     """Renders messages with the file's `tokenizer.chat_template` and tokenizes the result."""
 
     def __init__(
-        self, source: str, tokenizer: BPETokenizer, bos_token: str = "", eos_token: str = "", path: str = ""
+        self, source: str, tokenizer: Tokenizer, bos_token: str = "", eos_token: str = "", path: str = ""
     ) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise

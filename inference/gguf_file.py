@@ -8,7 +8,7 @@ errors that name the file and the problem.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,15 +26,21 @@ _TOKENIZER_ARRAYS = (
 )
 
 
+TOKENIZER_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece-style (scores, byte fallback)"}
+
+
 @dataclass(frozen=True)
 class TokenizerData:
-    """The vocabulary as the GGUF stores it; `token_types` uses llama.cpp's codes (3 = control)."""
+    """The vocabulary as the GGUF stores it; `token_types` uses llama.cpp's codes (3 = control, 4 = user-defined,
+    6 = byte). `merges` belong to byte-level BPE (`gpt2`), `scores` to SentencePiece-style vocabularies (`llama`)."""
 
     model: str
     pre: str
     tokens: list[str]
     token_types: list[int]
     merges: list[str]
+    scores: list[float] = field(default_factory=list)
+    add_space_prefix: bool = True
 
 
 class GGUFFile:
@@ -59,12 +65,14 @@ class GGUFFile:
         self._tensors: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}
 
     def tokenizer_data(self) -> TokenizerData:
-        """The byte-level BPE vocabulary; a file without one cannot be served."""
+        """The vocabulary; a file without one we know cannot be served."""
         model = self.metadata.get("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ModelFileError(self.path, f"tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+        if model not in TOKENIZER_MODELS:
+            known = ", ".join(f"{k!r} ({v})" for k, v in TOKENIZER_MODELS.items())
+            raise ModelFileError(self.path, f"tokenizer model {model!r} is not supported; supported: {known}")
         tokens = self._array("tokenizer.ggml.tokens")
-        merges = self._array("tokenizer.ggml.merges")
+        merges = self._array("tokenizer.ggml.merges", required=model == "gpt2")
+        scores = self._array("tokenizer.ggml.scores", required=model == "llama")
         types = self._array("tokenizer.ggml.token_type", required=False) or [1] * len(tokens)
         if len(types) != len(tokens):
             raise ModelFileError(self.path, "tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length")
@@ -74,6 +82,8 @@ class GGUFFile:
             tokens=[str(t) for t in tokens],
             token_types=[int(t) for t in types],
             merges=[str(m) for m in merges],
+            scores=[float(x) for x in scores],
+            add_space_prefix=bool(self.metadata.get("tokenizer.ggml.add_space_prefix", model == "llama")),
         )
 
     def _array(self, key: str, required: bool = True) -> list[Any]:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from inference.errors import InvalidRequestError
-from inference.tokenizer import BPETokenizer
+from inference.tokenizer import Tokenizer
 
 SPECIAL_PREFIX = b"\xff"  # how llguidance tells control tokens from text
 
@@ -35,7 +35,7 @@ SPECIAL_PREFIX = b"\xff"  # how llguidance tells control tokens from text
 class _Wrapper:
     """The tokenizer as llguidance asks for it: every token's bytes, control tokens marked, and an encoder."""
 
-    def __init__(self, tokenizer: BPETokenizer, eos: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, eos: int) -> None:
         self.eos_token_id = eos
         self.bos_token_id = None
         self.special_token_ids = sorted(tokenizer.control_ids)
@@ -50,10 +50,10 @@ class _Wrapper:
         return self._tokenizer.encode(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text).ids
 
 
-_tokenizers: weakref.WeakKeyDictionary[BPETokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+_tokenizers: weakref.WeakKeyDictionary[Tokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 
 
-def llg_tokenizer(tokenizer: BPETokenizer, eos: int) -> llguidance.LLTokenizer:
+def llg_tokenizer(tokenizer: Tokenizer, eos: int) -> llguidance.LLTokenizer:
     """llguidance's view of `tokenizer`, built once per tokenizer (~0.1 s for 49k tokens)."""
     if tokenizer not in _tokenizers:
         _tokenizers[tokenizer] = llguidance.LLTokenizer(_Wrapper(tokenizer, eos))  # type: ignore[arg-type]
@@ -82,7 +82,7 @@ def compile_lark(lark: str) -> str:
 class Grammar:
     """One sequence's matcher: the allowed tokens before each draw, advanced by every token drawn."""
 
-    def __init__(self, lark: str, tokenizer: BPETokenizer, eos: int, stop_ids: Sequence[int]) -> None:
+    def __init__(self, lark: str, tokenizer: Tokenizer, eos: int, stop_ids: Sequence[int]) -> None:
         self._matcher = llguidance.LLMatcher(llg_tokenizer(tokenizer, eos), compile_lark(lark), log_level=0)
         if self._matcher.is_error():
             raise InvalidRequestError(

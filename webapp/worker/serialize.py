@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from inference import trace
-from inference.tokenizer import BPETokenizer
+from inference.tokenizer import Tokenizer
 from webapp.worker import wire
 
 # Full-level attention travels as 8-bit rows (each scaled to its own maximum), over at most this many
@@ -22,12 +22,12 @@ ATTENTION_BUDGET_POSITIONS = 512
 ATTENTION_SINK_POSITIONS = 16
 
 
-def to_wire(event: trace.TraceEvent, tokenizer: BPETokenizer) -> wire.TraceEvent:
+def to_wire(event: trace.TraceEvent, tokenizer: Tokenizer) -> wire.TraceEvent:
     """One engine event as its wire event."""
     return CONVERTERS[type(event)](event, tokenizer)
 
 
-def text_delta(event: trace.TextDelta, tokenizer: BPETokenizer) -> wire.TextDelta:
+def text_delta(event: trace.TextDelta, tokenizer: Tokenizer) -> wire.TextDelta:
     token = tokenizer.token_text(event.token_id) if event.token_id >= 0 else ""  # -1: the detokenizer's flush
     return wire.TextDelta(
         t=event.t,
@@ -40,7 +40,7 @@ def text_delta(event: trace.TextDelta, tokenizer: BPETokenizer) -> wire.TextDelt
     )
 
 
-def batch_step(event: trace.BatchStep, tokenizer: BPETokenizer) -> wire.BatchStep:
+def batch_step(event: trace.BatchStep, tokenizer: Tokenizer) -> wire.BatchStep:
     return wire.BatchStep(
         t=event.t,
         step=event.step,
@@ -52,7 +52,7 @@ def batch_step(event: trace.BatchStep, tokenizer: BPETokenizer) -> wire.BatchSte
     )
 
 
-def forward_step(event: trace.ForwardStep, tokenizer: BPETokenizer) -> wire.ForwardStep:
+def forward_step(event: trace.ForwardStep, tokenizer: Tokenizer) -> wire.ForwardStep:
     detail = layer_detail(event.detail, tokenizer) if event.detail is not None else None
     phase: Literal["prefill", "decode"] = "prefill" if event.phase == "prefill" else "decode"
     return wire.ForwardStep(
@@ -68,7 +68,7 @@ def forward_step(event: trace.ForwardStep, tokenizer: BPETokenizer) -> wire.Forw
     )
 
 
-def tokenized(event: trace.Tokenized, tokenizer: BPETokenizer) -> wire.Tokenized:
+def tokenized(event: trace.Tokenized, tokenizer: Tokenizer) -> wire.Tokenized:
     return wire.Tokenized(
         t=event.t,
         duration=event.duration,
@@ -79,7 +79,7 @@ def tokenized(event: trace.Tokenized, tokenizer: BPETokenizer) -> wire.Tokenized
     )
 
 
-def context(event: trace.ContextBuilt, tokenizer: BPETokenizer) -> wire.ContextBuilt:
+def context(event: trace.ContextBuilt, tokenizer: Tokenizer) -> wire.ContextBuilt:
     return wire.ContextBuilt(
         t=event.t,
         segments=segments(event.segments),
@@ -99,7 +99,7 @@ def context(event: trace.ContextBuilt, tokenizer: BPETokenizer) -> wire.ContextB
     )
 
 
-def sampled(event: trace.Sampled, tokenizer: BPETokenizer) -> wire.Sampled:
+def sampled(event: trace.Sampled, tokenizer: Tokenizer) -> wire.Sampled:
     text, raw = tokenizer.token_text, tokenizer.token_bytes
     detail = None
     if event.detail is not None:
@@ -140,7 +140,7 @@ def sampled(event: trace.Sampled, tokenizer: BPETokenizer) -> wire.Sampled:
     )
 
 
-def finished(event: trace.Finished, tokenizer: BPETokenizer | None = None) -> wire.Finished:
+def finished(event: trace.Finished, tokenizer: Tokenizer | None = None) -> wire.Finished:
     t = event.timings
     timings = wire.Timings(
         tokenize=t.tokenize,
@@ -187,7 +187,7 @@ def segments(found: list[trace.Segment]) -> list[wire.Segment]:
 
 
 def layer_detail(
-    detail: trace.LayerDetail, tokenizer: BPETokenizer, budget: int = ATTENTION_BUDGET_POSITIONS
+    detail: trace.LayerDetail, tokenizer: Tokenizer, budget: int = ATTENTION_BUDGET_POSITIONS
 ) -> wire.LayerDetail:
     """A forward pass's layer detail: bounded 8-bit attention, residual norms and both halves' updates, the top
     feed-forward neurons, and the logit lens after each half with token text."""
@@ -234,7 +234,7 @@ def attention_rows(attention: np.ndarray, budget: int = ATTENTION_BUDGET_POSITIO
     )
 
 
-CONVERTERS: dict[type, Callable[[Any, BPETokenizer], wire.TraceEvent]] = {
+CONVERTERS: dict[type, Callable[[Any, Tokenizer], wire.TraceEvent]] = {
     trace.Sampled: sampled,
     trace.TextDelta: text_delta,
     trace.BatchStep: batch_step,
