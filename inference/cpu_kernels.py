@@ -1,6 +1,7 @@
 """Our own CPU kernels (`inference/kernels/*.cpp`), for the places where torch's leave most of a batched decode step.
 
-- `q4_mm` (`q4_mm.cpp`): int4 weights times int8 activations. torch's eager int4 kernel decodes each
+- `q4_mm` (`q4_mm.cpp`): int4 weights times int8 activations (and `q8_mm`, the same for byte codes: a GGUF's 5-, 6- and
+  8-bit blocks). torch's eager int4 kernel decodes each
   weight again for every block of 4 rows, so a step of 8 sequences costs twice one; inductor's AMX GEMM
   costs 2.5 times one row from 2 rows up. This one unpacks each group of weights once and multiplies it into
   a tile of rows (8 with AVX512-VNNI's VPDPBUSD, 4 with AVX2's VPMADDUBSW). Activations are rounded to int8 per
@@ -215,6 +216,38 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
         return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)
 
     return torch.cat([nibbles, halves(scales), halves(minimums)], dim=-1).contiguous()
+
+
+def q8_supported(n: int, k: int) -> bool:
+    """q8_mm has a fast path only with AVX512-VNNI (elsewhere a plain loop, for tests)."""
+    return q4_supported(n, k) and (loaded_isa() or "").startswith("avx512")
+
+
+def q8_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
+    """Blocks of up to 8-bit codes (uint8 [N, K], scales and minimums [N, K/32], w = code * scale + minimum) in
+    q8_mm's layout: uint8 [N/16, K/32, 576]; the scales and minimums rounded to float16."""
+    n, k = codes.shape
+    nb, groups = n // BLOCK_N, k // GROUP
+    quads = codes.view(nb, BLOCK_N, groups, 8, 4)  # [N/16, 16, K/32, quad, 4]: input 4 quad + b
+    stream = quads.permute(0, 2, 3, 1, 4).reshape(nb, groups, 512)  # [N/16, K/32, quad * 16 * 4]
+
+    def halves(values: Tensor) -> Tensor:
+        # [N/16, K/32, 32]
+        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)
+
+    return torch.cat([stream, halves(scales), halves(minimums)], dim=-1).contiguous()
+
+
+def q8_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
+    """q4_mm for weights packed by `q8_pack`."""
+    y: Tensor = torch.ops.roundtrip.q8_mm(x, packed, out_features, parts)
+    return y
+
+
+def q8_mm_swiglu(gate_up: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
+    """q4_mm_swiglu for weights packed by `q8_pack`."""
+    y: Tensor = torch.ops.roundtrip.q8_mm_swiglu(gate_up, packed, out_features, parts)
+    return y
 
 
 def q4_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:

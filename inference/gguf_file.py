@@ -126,11 +126,13 @@ class GGUFFile:
         return np.array(values.reshape(shape), dtype=np.float32, copy=not values.flags.writeable)
 
     def q4_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """A Q4_0 or Q4_1 tensor's own blocks — codes uint8 [N, K] (0..15), scales and minimums float32 [N, K/32],
-        w = code * scale + minimum — so a 4-bit kernel can run the file's weights without re-rounding them; None for
-        other types."""
+        """A 4-bit tensor's own blocks — codes uint8 [N, K] (0..15), scales and minimums float32 [N, K/32],
+        w = code * scale + minimum — so a 4-bit kernel can run the file's weights without re-rounding them (Q4_0,
+        Q4_1, and Q4_K's sub-blocks of 32: scale = d * sc, minimum = -dmin * m); None for other types."""
         tensor = self._tensor(name)
         kind = tensor.tensor_type
+        if kind == GGMLQuantizationType.Q4_K:
+            return self._codes(name, *self._k_scales(name, 144))
         if kind not in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
             return None
         n, k = (int(d) for d in reversed(tensor.shape))
@@ -149,6 +151,84 @@ class GGUFFile:
         ]  # [N, K/32, 16]: element j in the low nibble of byte j, element j + 16 in the high one
         codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, k)
         return codes, scales, minimums
+
+    def byte_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+        """A 5- to 8-bit tensor as codes of up to 8 bits with a scale and a minimum per 32 weights (codes uint8
+        [N, K], scales and minimums float32 [N, K/32], w = code * scale + minimum) and whether that is the file's
+        own arithmetic: Q5_0 (code q, minimum -16 d), Q5_1, Q8_0 (code q + 128), Q5_K's sub-blocks of 32 exactly;
+        Q6_K's two scales per 32 weights re-rounded to one 8-bit grid (within a quarter of its step). None for other
+        types."""
+        kind = self._tensor(name).tensor_type
+        Q = GGMLQuantizationType
+        if kind == Q.Q8_0:
+            q8 = self.q8_blocks(name)
+            assert q8 is not None
+            codes, scales = q8
+            return (codes.astype(np.int16) + 128).astype(np.uint8), scales, -128 * scales, True
+        if kind == Q.Q5_0:
+            d = self._block_halves(name, 22, 0)
+            return (*self._codes(name, d, -16 * d, bits=5), True)
+        if kind == Q.Q5_1:
+            return (*self._codes(name, self._block_halves(name, 24, 0), self._block_halves(name, 24, 1), bits=5), True)
+        if kind == Q.Q5_K:
+            return (*self._codes(name, *self._k_scales(name, 176), bits=5), True)
+        if kind == Q.Q6_K:
+            dense = self.dequantize(name)
+            n, k = dense.shape
+            groups = dense.reshape(n, k // 32, 32)
+            low, high = groups.min(-1), groups.max(-1)
+            scales = np.maximum((high - low) / 255, 1e-12).astype(np.float32)
+            return (*self._codes(name, scales, low.astype(np.float32), bits=8, dense=dense, exact=False), False)
+        return None
+
+    def _raw_blocks(self, name: str, block_bytes: int) -> np.ndarray:
+        """uint8 [N, K / block weights, block_bytes]."""
+        tensor = self._tensor(name)
+        n = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+        try:
+            return np.asarray(tensor.data, dtype=np.uint8).reshape(n, -1, block_bytes)
+        except ValueError as exc:
+            raise ModelFileError(self.path, f"tensor {name!r} is corrupt or truncated ({exc})") from exc
+
+    def _block_halves(self, name: str, block_bytes: int, index: int) -> np.ndarray:
+        """The `index`-th float16 field of every 32-weight block, as float32 [N, K/32]."""
+        raw = self._raw_blocks(name, block_bytes)
+        return raw[..., 2 * index : 2 * index + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+    def _k_scales(self, name: str, block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Q4_K's and Q5_K's per-32 scales (d * sc) and minimums (-dmin * m) [N, K/32], from each 256-weight
+        super-block's float16 d and dmin and its twelve bytes of 6-bit sc and m (ggml's `get_scale_min_k4`)."""
+        raw = self._raw_blocks(name, block_bytes)  # [N, K/256, bytes]
+        d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)  # [N, K/256, 1]
+        dmin = raw[..., 2:4].copy().view(np.float16).astype(np.float32)
+        q = raw[..., 4:16].astype(np.uint8)
+        sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+        m = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+        n = raw.shape[0]
+        scales = (d * sc.astype(np.float32)).reshape(n, -1)  # [N, K/32]
+        return scales, (-(dmin * m.astype(np.float32))).reshape(n, -1)
+
+    def _codes(
+        self,
+        name: str,
+        scales: np.ndarray,
+        minimums: np.ndarray,
+        bits: int = 4,
+        dense: np.ndarray | None = None,
+        exact: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each weight's code on its group's grid, w = code * scale + minimum, from the dequantized values; for the
+        file's own grid (`exact`) a value off it means we read the blocks wrongly, and is an error."""
+        dense = self.dequantize(name) if dense is None else dense
+        n, k = dense.shape
+        groups = dense.reshape(n, k // 32, 32)
+        safe = np.where(scales == 0, 1, scales)[..., None]
+        codes = np.clip(np.rint((groups - minimums[..., None]) / safe), 0, 2**bits - 1)
+        if exact:
+            off = np.abs(codes * scales[..., None] + minimums[..., None] - groups)
+            if float(off.max(initial=0)) > 1e-3 * float(np.abs(scales).max(initial=0)) + 1e-6:
+                raise ModelFileError(self.path, f"tensor {name!r}: its blocks do not decode to its values")
+        return codes.astype(np.uint8).reshape(n, k), scales.astype(np.float32), minimums.astype(np.float32)
 
     def q8_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """A Q8_0 tensor's own blocks — codes int8 [N, K] and scales float32 [N, K/32], w = code * scale — or None."""

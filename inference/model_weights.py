@@ -161,15 +161,18 @@ class WeightReader:
         self.done = 0
 
     def source(self, name: str, shape: tuple[int, ...]) -> tuple[Tensor, w.Q4Blocks | None]:
-        """A tensor's float32 values (`name`: without `.weight`, or ending in `.bias`), and its 4-bit blocks when the
-        plan's 4-bit format can use the file's own."""
+        """A tensor's float32 values (`name`: without `.weight`, or ending in `.bias`), and its blocks when the plan's
+        4-bit format can use the file's own (4-bit ones; with our kernels, the 5- to 8-bit ones too, as bytes)."""
         full = name if name.endswith(".bias") else f"{name}.weight"
         blocks = None
         if self.plan.uses(w.WeightFormat.INT4):
             raw = self.gguf.q4_blocks(full)
             if raw is not None:
                 blocks = w.Q4Blocks(*(torch.from_numpy(a) for a in raw))
-        dense = torch.from_numpy(self.gguf.dequantize(full)) if blocks is None else blocks.dequantize()
+            elif self.plan.q8 and (wide := self.gguf.byte_blocks(full)) is not None:
+                blocks = w.Q4Blocks(*(torch.from_numpy(a) for a in wide[:3]), bits=8)
+        exact = blocks is not None and blocks.bits == 4
+        dense = blocks.dequantize() if exact else torch.from_numpy(self.gguf.dequantize(full))
         if tuple(dense.shape) != shape:
             raise ModelFileError(self.gguf.path, f"tensor {full!r} has shape {tuple(dense.shape)}, expected {shape}")
         self.done += 1

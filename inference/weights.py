@@ -54,11 +54,13 @@ class WeightFormat(str, Enum):
 
 @dataclass
 class Q4Blocks:
-    """A weight [N, K] as 4-bit codes with a scale and a minimum per group of 32: w = code * scale + minimum."""
+    """A weight [N, K] as codes of `bits` bits (4, or up to 8: a GGUF's 5-, 6- and 8-bit blocks) with a scale and a
+    minimum per group of 32: w = code * scale + minimum."""
 
-    codes: Tensor  # uint8 [N, K], values 0..15
+    codes: Tensor  # uint8 [N, K], values 0..2^bits - 1
     scales: Tensor  # float32 [N, K / 32]
     minimums: Tensor  # float32 [N, K / 32]
+    bits: int = 4
 
     @classmethod
     def quantize(cls, weight: Tensor) -> Q4Blocks:
@@ -72,16 +74,18 @@ class Q4Blocks:
 
     @classmethod
     def concat(cls, parts: list[Q4Blocks]) -> Q4Blocks:
-        """Stack weights along their outputs (fused projections)."""
+        """Stack weights along their outputs (fused projections); 4-bit parts beside wider ones keep their codes, as
+        bytes."""
         return cls(
             torch.cat([p.codes for p in parts]),
             torch.cat([p.scales for p in parts]),
             torch.cat([p.minimums for p in parts]),
+            max(p.bits for p in parts),
         )
 
     def rows(self, order: Tensor) -> Q4Blocks:
         """The same weight with its output rows in `order`."""
-        return Q4Blocks(self.codes[order], self.scales[order], self.minimums[order])
+        return Q4Blocks(self.codes[order], self.scales[order], self.minimums[order], self.bits)
 
     def dequantize(self) -> Tensor:
         n, k = self.codes.shape
@@ -274,6 +278,27 @@ class Int4Q8(PackedInt4):
         }
 
 
+class Int8Q8(Int4Q8):
+    """Codes of up to 8 bits (a GGUF's Q5_0, Q5_1, Q8_0, Q5_K and Q6_K blocks), one byte each, in the layout of
+    `cpu_kernels.q8_mm`: the int4 x int8 kernel's arithmetic on bytes."""
+
+    format = WeightFormat.INT8
+
+    @classmethod
+    def from_blocks(cls, blocks: Q4Blocks) -> Int8Q8:
+        n, k = blocks.codes.shape
+        return cls(cpu_kernels.q8_pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
+
+    def multiply(self, x: Tensor) -> Tensor:
+        return cpu_kernels.q8_mm(x, self.packed, self.out_features, self.activation_parts)
+
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        return cpu_kernels.q8_mm_swiglu(gate_up, self.packed, self.out_features, self.activation_parts)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "kind": "int8q8"}
+
+
 class Int8Rows(nn.Module):
     """A matrix kept for reading rows: 8-bit codes with a float32 scale per group of 32 (GGUF's Q8_0 layout,
     so a Q8_0 tensor is kept exactly)."""
@@ -360,7 +385,12 @@ def build(
     fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, q8: bool = False
 ) -> Projection:
     """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them);
-    `q8`: int4 in the layout of our int4 x int8 kernel (where it takes the shape) instead of torch's."""
+    `q8`: int4 in the layout of our int4 x int8 kernel (where it takes the shape) instead of torch's, and wider
+    blocks (a K-quant file's 5- to 8-bit ones) in its byte layout where our kernel runs them (else rounded to 4 bits)."""
+    if fmt is WeightFormat.INT4 and blocks is not None and blocks.bits > 4:
+        if q8 and cpu_kernels.q8_supported(*blocks.codes.shape):
+            return Int8Q8.from_blocks(blocks)
+        blocks = None
     if fmt is WeightFormat.INT4:
         if blocks is None:
             assert dense is not None
@@ -384,8 +414,9 @@ def restore(state: dict[str, Any]) -> Projection:
         return Int8(state["weight"], state["scales"])
     if kind == "int4":
         return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]))
-    if kind == "int4q8":
-        return Int4Q8(state["packed"], int(state["out_features"]), int(state["in_features"]))
+    if kind in ("int4q8", "int8q8"):
+        cls = Int4Q8 if kind == "int4q8" else Int8Q8
+        return cls(state["packed"], int(state["out_features"]), int(state["in_features"]))
     if kind == "head":
         return Head(restore(state["ranking"]), Int8Rows(state["codes"], state["scales"]))
     if kind == "dispatch":

@@ -52,8 +52,11 @@ def _rope(
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`)."""
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    """GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`), looked up as ggml does: float16 in, float16 out, 0
+    below -10 and x above 10."""
+    x16 = x.astype(np.float16).astype(np.float64)
+    table = (0.5 * x16 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x16 + 0.044715 * x16**3)))).astype(np.float16)
+    return np.where(x <= -10, 0.0, np.where(x >= 10, x, table.astype(np.float64)))
 
 
 def kv_rounding(loaded: LoadedModel) -> type[np.floating] | None:

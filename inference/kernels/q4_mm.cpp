@@ -17,6 +17,12 @@
 //     16 fp16 scales, then 16 fp16 minimums (w = code * scale + minimum, GGUF's Q4_1)
 // Every output row of x is computed the same way whatever the other rows are: a row's result does not
 // depend on the batch it was multiplied in.
+//
+// q8_mm is the same multiply for weights of up to 8 bits (GGUF's Q5_0, Q5_1, Q8_0 and the 5- and 6-bit K-quants),
+// one unsigned byte per code, laid out [N/16, K/32, 576]: for each group of 32 inputs, 8 x 64 bytes of codes (for
+// input quad j, output n, byte b: code[k = 4 j + b]), then the 16 fp16 scales and 16 fp16 minimums. Its codes are
+// VPDPBUSD's bytes as they are (no nibbles to spread), so it has only the AVX512-VNNI path (and a plain loop elsewhere,
+// for tests: VPMADDUBSW's 16-bit sums would saturate on 8-bit codes).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -40,6 +46,11 @@ namespace {
 constexpr int64_t kBlockN = 16;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kBlockBytes = 4 * 64 + 2 * 32;
+// bytes of one group of a block of 16 outputs, and where its scales start, by code width
+template <int Bits>
+constexpr int64_t kGroupBytes = Bits == 4 ? kBlockBytes : 8 * 64 + 2 * 32;
+template <int Bits>
+constexpr int64_t kCodeBytes = Bits == 4 ? 4 * 64 : 8 * 64;
 constexpr int64_t kVectors = kGroup / simd::kWidth;  // float vectors per group
 
 // Stores `rounded` (whole numbers in [-127, 127]) as int8 at q.
@@ -91,30 +102,40 @@ void quantize_rows(const float* x, int64_t rows, int64_t K, int64_t parts, int8_
 
 constexpr int kMaxTile = 8;  // rows of codes per pass over a block of weights
 
-// MT rows of x times one block of 16 outputs: out[m, 0..15] for m < MT.
-template <int MT>
+// MT rows of x times one block of 16 outputs: out[m, 0..15] for m < MT; codes of `Bits` bits (4: nibbles, 8: bytes).
+template <int MT, int Bits>
 inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
                  int64_t ldo) {
   __m512 acc[MT];
   for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* wg = w + g * kBlockBytes;
+    const uint8_t* wg = w + g * kGroupBytes<Bits>;
     const int8_t* qg = q + g * kGroup;
     __m512i dot[MT];
     for (int m = 0; m < MT; ++m) dot[m] = _mm512_setzero_si512();
-    for (int qd = 0; qd < 4; ++qd) {
-      const __m512i bytes = _mm512_loadu_si512(wg + 64 * qd);
-      const __m512i lo = _mm512_and_si512(bytes, low);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
-      for (int m = 0; m < MT; ++m) {  // each row's 4 codes broadcast from memory within the multiply ({1to16})
-        const int8_t* codes = qg + m * K + 8 * qd;
-        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[m]) : "v"(lo), "m"(*reinterpret_cast<const int32_t*>(codes)));
-        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[m]) : "v"(hi), "m"(*reinterpret_cast<const int32_t*>(codes + 4)));
+    if constexpr (Bits == 4) {
+      for (int qd = 0; qd < 4; ++qd) {
+        const __m512i bytes = _mm512_loadu_si512(wg + 64 * qd);
+        const __m512i lo = _mm512_and_si512(bytes, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+        for (int m = 0; m < MT; ++m) {  // each row's 4 codes broadcast from memory within the multiply ({1to16})
+          const int8_t* codes = qg + m * K + 8 * qd;
+          asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[m]) : "v"(lo), "m"(*reinterpret_cast<const int32_t*>(codes)));
+          asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[m]) : "v"(hi), "m"(*reinterpret_cast<const int32_t*>(codes + 4)));
+        }
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) {
+        const __m512i bytes = _mm512_loadu_si512(wg + 64 * j);
+        for (int m = 0; m < MT; ++m) {
+          const int8_t* codes = qg + m * K + 4 * j;
+          asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[m]) : "v"(bytes), "m"(*reinterpret_cast<const int32_t*>(codes)));
+        }
       }
     }
-    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256)));
-    const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 288)));
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kCodeBytes<Bits>)));
+    const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kCodeBytes<Bits> + 32)));
     for (int m = 0; m < MT; ++m) {
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), _mm512_mul_ps(scale, _mm512_set1_ps(d[m * G + g])), acc[m]);
       acc[m] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(s[m * G + g]), acc[m]);
@@ -127,12 +148,36 @@ inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, c
 
 constexpr int kMaxTile = 4;  // AVX2 has 16 vector registers: 4 rows' sums and accumulators, and a half block of codes
 
+// MT rows of x times one block of 16 outputs of byte codes, plainly (for tests: `q8_supported` keeps models off it).
+template <int MT>
+inline void byte_tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
+                      int64_t ldo) {
+  for (int m = 0; m < MT; ++m) {
+    for (int o = 0; o < kBlockN; ++o) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* wg = w + g * kGroupBytes<8>;
+        int32_t dot = 0;
+        for (int k = 0; k < kGroup; ++k) dot += int32_t(wg[64 * (k / 4) + 4 * o + k % 4]) * q[m * K + g * kGroup + k];
+        const float scale = _cvtsh_ss(reinterpret_cast<const uint16_t*>(wg + kCodeBytes<8>)[o]);
+        const float minimum = _cvtsh_ss(reinterpret_cast<const uint16_t*>(wg + kCodeBytes<8> + 32)[o]);
+        acc += float(dot) * (scale * d[m * G + g]) + minimum * s[m * G + g];
+      }
+      out[m * ldo + o] = acc;
+    }
+  }
+}
+
 // MT rows of x times one block of 16 outputs, a half block (8 outputs) at a time. VPMADDUBSW sums pairs of code x
 // activation products into 16 bits; a group's 8 of them stay below 8 x 2 x 15 x 127 = 30480, so they are added in 16
 // bits and widened once per group.
-template <int MT>
+template <int MT, int Bits>
 inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
                  int64_t ldo) {
+  if constexpr (Bits == 8) {
+    byte_tile<MT>(w, G, q, d, s, K, out, ldo);
+    return;
+  }
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int h = 0; h < 2; ++h) {
     __m256 acc[MT];
@@ -171,11 +216,12 @@ inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, c
 
 using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const float*, int64_t, float*, int64_t);
 
-template <int... Rows>
+template <int Bits, int... Rows>
 constexpr std::array<TileFn, sizeof...(Rows) + 1> tiles(std::integer_sequence<int, Rows...>) {
-  return {nullptr, tile<Rows + 1>...};
+  return {nullptr, tile<Rows + 1, Bits>...};
 }
-constexpr auto kTiles = tiles(std::make_integer_sequence<int, kMaxTile>{});  // kTiles[rows]: a tile of that many rows
+template <int Bits>  // kTiles<Bits>[rows]: a tile of that many rows
+constexpr auto kTiles = tiles<Bits>(std::make_integer_sequence<int, kMaxTile>{});
 
 // Batches of at least this many rows of codes go through the tile unit (0: never). Set by q4_mm_amx_from.
 std::atomic<int64_t> amx_from_rows{0};
@@ -334,14 +380,15 @@ int64_t q4_mm_amx_from(int64_t rows) {
   return rows;
 }
 
-// y [M, N] (float32) = x [M, K] @ W.T for W packed as above.
-at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, int64_t parts) {
+// y [M, N] (float32) = x [M, K] @ W.T for W packed as above, with codes of `Bits` bits.
+template <int Bits>
+at::Tensor quantized_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, int64_t parts) {
   TORCH_CHECK(x_in.dim() == 2, "q4_mm: x must be [rows, in_features]");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "q4_mm: packed weights must be contiguous uint8");
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, NB = N / kBlockN;
   TORCH_CHECK(K % kGroup == 0 && N % kBlockN == 0, "q4_mm: in_features must be a multiple of 32, out_features of 16");
-  TORCH_CHECK(packed.numel() == NB * G * kBlockBytes, "q4_mm: packed weights do not match [", N, ", ", K, "]");
+  TORCH_CHECK(packed.numel() == NB * G * kGroupBytes<Bits>, "q4_mm: packed weights do not match [", N, ", ", K, "]");
   TORCH_CHECK(parts == 1 || parts == 2, "q4_mm: activations in 1 or 2 int8 parts");
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
@@ -361,16 +408,16 @@ at::Tensor q4_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, in
   float* pp = partial.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t amx_from = amx_from_rows.load();
-  const bool amx = amx_from > 0 && R >= amx_from;
+  const bool amx = Bits == 4 && amx_from > 0 && R >= amx_from;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
 #if defined(__AMX_INT8__)
     if (amx) amx_blocks(b0, b1, wp, G, qp, dp, sp, K, R, pp, N);
 #endif
     for (int64_t nb = b0; nb < b1; ++nb) {
-      const uint8_t* w = wp + nb * G * kBlockBytes;
+      const uint8_t* w = wp + nb * G * kGroupBytes<Bits>;
       for (int64_t r0 = 0; !amx && r0 < R; r0 += kMaxTile) {
         const int rt = static_cast<int>(std::min<int64_t>(kMaxTile, R - r0));
-        kTiles[rt](w, G, qp + r0 * K, dp + r0 * G, sp + r0 * G, K, pp + r0 * N + nb * kBlockN, N);
+        kTiles<Bits>[rt](w, G, qp + r0 * K, dp + r0 * G, sp + r0 * G, K, pp + r0 * N + nb * kBlockN, N);
       }
       for (int64_t m = 0; parts == 2 && m < M; ++m) {  // a row's two parts
         const float* first = pp + parts * m * N + nb * kBlockN;
@@ -395,7 +442,8 @@ inline simd::Float silu(simd::Float x) {
 // The SwiGLU feed-forward's down projection, y [M, N] = (silu(gate) * up) @ W.T, from the gate and up projections' one
 // output gate_up [M, 2 F] (gate first). Fused, the 2 x 30 elementwise passes of a step and their dispatch cost about a
 // fifth of what they did as torch operations; each row is computed alone, so batching still changes nothing.
-at::Tensor q4_mm_swiglu(const at::Tensor& gate_up_in, const at::Tensor& packed, int64_t N, int64_t parts) {
+template <int Bits>
+at::Tensor quantized_mm_swiglu(const at::Tensor& gate_up_in, const at::Tensor& packed, int64_t N, int64_t parts) {
   TORCH_CHECK(gate_up_in.dim() == 2 && gate_up_in.size(1) % (2 * simd::kWidth) == 0,
               "q4_mm_swiglu: gate_up must be [rows, 2 x in_features], in_features a multiple of ", simd::kWidth);
   const at::Tensor gate_up = gate_up_in.to(at::kFloat).contiguous();
@@ -409,7 +457,16 @@ at::Tensor q4_mm_swiglu(const at::Tensor& gate_up_in, const at::Tensor& packed, 
       for (int64_t c = 0; c < F; c += simd::kWidth) simd::store(xp + m * F + c, simd::mul(silu(simd::load(row + c)), simd::load(row + F + c)));
     }
   });
-  return q4_mm(x, packed, N, parts);
+  return quantized_mm<Bits>(x, packed, N, parts);
+}
+
+at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t parts) { return quantized_mm<4>(x, packed, N, parts); }
+at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t parts) { return quantized_mm<8>(x, packed, N, parts); }
+at::Tensor q4_mm_swiglu(const at::Tensor& gate_up, const at::Tensor& packed, int64_t N, int64_t parts) {
+  return quantized_mm_swiglu<4>(gate_up, packed, N, parts);
+}
+at::Tensor q8_mm_swiglu(const at::Tensor& gate_up, const at::Tensor& packed, int64_t N, int64_t parts) {
+  return quantized_mm_swiglu<8>(gate_up, packed, N, parts);
 }
 
 }  // namespace
@@ -418,9 +475,13 @@ TORCH_LIBRARY_FRAGMENT(roundtrip, m) {
   m.def("q4_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor");
   m.def("q4_mm_swiglu(Tensor gate_up, Tensor packed, int out_features, int parts) -> Tensor");
   m.def("q4_mm_amx_from(int rows) -> int", &q4_mm_amx_from);
+  m.def("q8_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor");
+  m.def("q8_mm_swiglu(Tensor gate_up, Tensor packed, int out_features, int parts) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(roundtrip, CPU, m) {
   m.impl("q4_mm", &q4_mm);
   m.impl("q4_mm_swiglu", &q4_mm_swiglu);
+  m.impl("q8_mm", &q8_mm);
+  m.impl("q8_mm_swiglu", &q8_mm_swiglu);
 }

@@ -42,6 +42,12 @@ def _forward(model: Transformer, cache: Any, chunks: list[tuple[Chunk, list[int]
         return model(tokens, plan, cache, logits_for=torch.arange(len(tokens)) if every else None)
 
 
+# float32 matrix products of different row counts (and torch's attention over a prompt against a decode row) can
+# differ in the last bit, which Gemma's float16 GELU (as ggml rounds it) can turn into a float16 step; the int4 x int8
+# kernels compute a row alike in any batch (`test_quantized_rows_give_the_same_bits_in_any_batch`)
+ATOL = 1e-3
+
+
 def _all_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
     return _forward(model, model.new_cache(1, len(ids)), [(Chunk(0, 0, len(ids)), ids)], every=True)
 
@@ -68,8 +74,7 @@ def test_cached_decoding_equals_uncached(loaded: LoadedModel) -> None:
     cache = model.new_cache(1, len(IDS))
     rows = [_forward(model, cache, [(Chunk(0, 0, 3), IDS[:3])])]
     rows += [_forward(model, cache, [(Chunk(0, p, 1), [IDS[p]])]) for p in range(3, len(IDS))]
-    # torch's attention sums a prompt's rows in another order than a decode row's (the kernel path gives the same bits)
-    assert torch.allclose(torch.cat(rows), _all_logits(model, IDS)[2:], atol=1e-4)
+    assert torch.allclose(torch.cat(rows), _all_logits(model, IDS)[2:], atol=ATOL)
 
 
 def test_a_batched_step_gives_each_sequence_what_it_gets_alone(loaded: LoadedModel) -> None:
@@ -80,7 +85,7 @@ def test_a_batched_step_gives_each_sequence_what_it_gets_alone(loaded: LoadedMod
     _forward(model, cache, [(Chunk(2, 0, 2), c[:2])])
     step = _forward(model, cache, [(Chunk(0, 8, 1), a[8:]), (Chunk(1, 8, 1), b[8:]), (Chunk(2, 2, 3), c[2:])])
     for row, alone in zip(step, (a, b, c)):
-        assert torch.allclose(row, _all_logits(model, alone)[-1], atol=1e-4)
+        assert torch.allclose(row, _all_logits(model, alone)[-1], atol=ATOL)
 
 
 @pytest.mark.parametrize("kernels", ["auto", "off"])
@@ -102,16 +107,20 @@ def test_a_sliding_window_layer_does_not_see_past_its_window(tmp_path: Path, ker
         model.blk = load_model(str(model_file), cpu(cpu_kernels=kernels)).model.blk
 
 
-def test_quantized_k_quant_layers_stay_close_to_the_file(tmp_path: Path) -> None:
-    """A Gemma-shaped file in the block types a Q4_K_M Gemma holds runs in the int4 plan within the rounding of its
-    activations."""
-    path = write_tiny_gguf(
-        tmp_path / "q.gguf", TinySpec(**ARCHITECTURES["gemma3"], dim=256, ffn_dim=256, linear_type=GGMLQuantizationType.Q8_0)
-    )
-    fp32 = load_model(str(path), cpu())
-    int4 = load_model(str(path), cpu(weights="int4"))
-    a, b = _all_logits(fp32.model, IDS[:6]), _all_logits(int4.model, IDS[:6])
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
+@pytest.mark.parametrize("block", [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0])
+def test_quantized_rows_give_the_same_bits_in_any_batch(tmp_path: Path, block: GGMLQuantizationType) -> None:
+    """A Gemma file of 8- and 5-bit blocks runs them as they are (`Int8Q8`), and a sequence decoded beside others or
+    after a chunked prompt gets exactly the logits it gets alone."""
+    spec = TinySpec(**{**ARCHITECTURES["gemma3"], "dim": 128, "ffn_dim": 128, "head_dim": 64}, linear_type=block)
+    model = load_model(str(write_tiny_gguf(tmp_path / "q.gguf", spec)), cpu(weights="int4")).model
+    assert model.blk[0].attn_qkv.__class__.__name__ == "Int8Q8"
+    a, b = IDS[:9], IDS[3:]
+    cache = model.new_cache(2, 16)
+    _forward(model, cache, [(Chunk(0, 0, 4), a[:4]), (Chunk(1, 0, 8), b[:8])])
+    _forward(model, cache, [(Chunk(0, 4, 4), a[4:8])])
+    step = _forward(model, cache, [(Chunk(0, 8, 1), a[8:]), (Chunk(1, 8, 1), b[8:])])
+    for row, alone in zip(step, (a, b)):
+        assert torch.equal(row, _all_logits(model, alone)[-1])
 
 
 def test_an_unknown_architecture_is_a_clear_error_naming_it(tmp_path: Path) -> None:
