@@ -30,6 +30,7 @@ from inference.pipeline import ChatPipeline
 # with float64 re-computations and demand batched greedy text equal to unbatched, which bfloat16 activations
 # (every other format) do not promise. Tests of the other formats ask for them explicitly.
 os.environ.setdefault("ROUNDTRIP_WEIGHTS", "fp32")
+os.environ.setdefault("ROUNDTRIP_GEMMA", "0")  # the default models are SmolLM2 and Gemma; most tests need one
 
 REFERENCE = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "llamacpp-smollm2.json"
 SERVICE_SKIP_PREFIX = "needs service:"

