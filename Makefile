@@ -50,5 +50,6 @@ check: setup
 audit: setup
 	$(BIN)/pip-audit --local --progress-spinner off
 
+# `make bench MODEL=gemma3-270m` (or a GGUF path) measures another model beside llama.cpp on the same file.
 bench: setup
-	$(BIN)/python benchmarks/bench_inference.py
+	$(BIN)/python benchmarks/bench_inference.py $(if $(MODEL),--model $(MODEL))

@@ -1,7 +1,8 @@
 """Single-stream speed and memory: each weight format at each trace level, served, and beside llama.cpp on the same
 file.
 
-    python benchmarks/bench_inference.py [--weights auto,int4,bf16,fp32,int8] [--skip-server] [--skip-llamacpp]
+    python benchmarks/bench_inference.py [--model gemma3-270m] [--weights auto,int4,bf16,fp32,int8] [--skip-server]
+        [--skip-llamacpp]
 
 1. In-process, one child process per weight format (so each peak RSS is its own): prefill
    tokens/s of a whole prompt per length, and greedy decode tokens/s of one request alone in
@@ -64,7 +65,7 @@ def median_time(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def child(weights: str, lengths: list[int], n: int, repeats: int) -> dict[str, Any]:
+def child(weights: str, lengths: list[int], n: int, repeats: int, model: str) -> dict[str, Any]:
     """One weight format, in this process: load, prefill, decode at each level."""
     import dataclasses
 
@@ -78,7 +79,8 @@ def child(weights: str, lengths: list[int], n: int, repeats: int) -> dict[str, A
     from inference.trace import Sampled, TraceLevel
     from webapp.env import load_config
 
-    loaded = load_model(settings=dataclasses.replace(load_config(), weights=weights))  # as the server loads it
+    # as the server loads it
+    loaded = load_model(model or None, settings=dataclasses.replace(load_config(), weights=weights))
     ids = loaded.tokenizer.encode(FILLER).ids
 
     def prefill(length: int) -> None:
@@ -129,6 +131,8 @@ def run_child(weights: str, args: argparse.Namespace, prompt_tokens: str | None 
         str(args.decode_tokens),
         "--repeats",
         str(args.repeats),
+        "--model",
+        args.model,
     ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
@@ -144,12 +148,12 @@ def run_child(weights: str, args: argparse.Namespace, prompt_tokens: str | None 
     return result
 
 
-async def served(n: int) -> dict[str, Any]:
-    """Start the server as a user would (default settings), stream one request over SSE and one over the page's
-    socket."""
+async def served(n: int, model: str) -> dict[str, Any]:
+    """Start the server as a user would (default settings, the model under test alone), stream one request over SSE
+    and one over the page's socket."""
     from benchmarks.bench_serving import roundtrip_server
 
-    with roundtrip_server(Path(tempfile.mkdtemp(prefix="roundtrip-bench-")), [32], "") as target:
+    with roundtrip_server(Path(tempfile.mkdtemp(prefix="roundtrip-bench-")), [32], model) as target:
         return await _served_rates(target.url.removesuffix("/v1"), target.key, target.pid, n)
 
 
@@ -250,21 +254,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-server", action="store_true", help="skip the served (SSE, WebSocket) measurements")
     parser.add_argument("--skip-llamacpp", action="store_true", help="leave out llama.cpp's column")
+    parser.add_argument(
+        "--model", default="", help="GGUF file or bundled model (gemma3-270m; default: SmolLM2-135M-Instruct)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     lengths = [int(x) for x in args.prompt_tokens.split(",") if x]
     if args.child:
-        print(json.dumps(child(args.child, lengths, args.decode_tokens, args.repeats)))
+        print(json.dumps(child(args.child, lengths, args.decode_tokens, args.repeats, args.model)))
         return
 
     import torch
 
     from benchmarks import llamacpp_reference
-    from inference.loader import default_model_path
+    from inference.loader import model_path
 
-    path = default_model_path()
+    path = model_path(args.model)
     results = {w: r for w in args.weights.split(",") if (r := run_child(w, args)) is not None}
-    server = None if args.skip_server else asyncio.run(served(args.decode_tokens))
+    server = None if args.skip_server else asyncio.run(served(args.decode_tokens, args.model))
     if server is not None:  # the in-process rate again, right after serving: a machine's speed drifts over minutes
         server["in_process"] = run_child("auto" if "auto" in results else next(iter(results)), args, prompt_tokens="")
     theirs = None

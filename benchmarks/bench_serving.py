@@ -220,6 +220,7 @@ def roundtrip_server(workdir: Path, levels: list[int], model_path: str, root: Pa
         "ROUNDTRIP_SECRET_KEY": "bench",
         "ROUNDTRIP_MAX_BATCH": str(max(levels)),
         "PYTHONUNBUFFERED": "1",
+        "ROUNDTRIP_GEMMA": "0",  # the model under test alone
     }
     if model_path:
         env["ROUNDTRIP_MODEL_PATH"] = model_path
@@ -273,11 +274,12 @@ def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int
         stop([process])
 
 
-def default_model() -> str:
+def model_file(name_or_path: str) -> str:
+    """The GGUF a `--model` names: a path, a bundled model's name (gemma3-270m, smollm2), or "" for the default."""
     sys.path.insert(0, str(ROOT))
-    from inference.loader import default_model_path
+    from inference.loader import model_path
 
-    return default_model_path()
+    return model_path(name_or_path)
 
 
 def main() -> None:
@@ -285,13 +287,15 @@ def main() -> None:
     parser.add_argument("--levels", default="1,2,4,8,16,32", help="concurrent streams, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="requests each stream sends, one after another")
-    parser.add_argument("--model", default="", help="GGUF file (default: SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--model", default="", help="GGUF file or bundled model (gemma3-270m; default: SmolLM2-135M-Instruct)"
+    )
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--output", help="write the table as JSON here")
     parser.add_argument("--root", type=Path, default=ROOT, help="serve another checkout of Roundtrip (an A/B run)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    model_path = args.model or default_model()
+    model_path = model_file(args.model)
     threads = os.cpu_count() or 2
     table: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="roundtrip-bench-") as tmp:
