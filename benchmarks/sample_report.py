@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_serving import default_model, llama_server, roundtrip_server  # noqa: E402
+from benchmarks.bench_serving import llama_server, model_file, roundtrip_server  # noqa: E402
 from webapp.benchmark.cli import main as bench  # noqa: E402
 
 LEVELS = "1,2,4,8,16"
@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("COLUMNS", "130")  # rich lays the tables out for the README, not for a narrow pipe
     args.out.mkdir(parents=True, exist_ok=True)
-    model = default_model()
+    model = model_file("")
     sections = []
     with tempfile.TemporaryDirectory(prefix="roundtrip-report-") as tmp:
         servers = [

@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from inference.tokenizer import BPETokenizer, unicode_to_byte
+from inference.spm_tokenizer import SentencePieceTokenizer
+from inference.tokenizer import BPETokenizer, Tokenizer, unicode_to_byte
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,18 @@ def merge_piece(tokenizer: BPETokenizer, piece: str) -> PieceMerges:
     return PieceMerges(_readable(piece), [_readable(ch) for ch in piece], merges, ids)
 
 
-def merge_steps(tokenizer: BPETokenizer, text: str) -> list[PieceMerges]:
-    """Every pre-tokenized piece of `text` with its merges."""
+def merge_steps(tokenizer: Tokenizer, text: str) -> list[PieceMerges]:
+    """Every pre-tokenized piece of `text` with its merges: byte-level BPE's by rank, or SentencePiece's by score
+    (its pieces keep their "▁"; a merge's `rank` is then the merged piece's id, its vocabulary being ordered by
+    score)."""
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return [_sentencepiece_piece(tokenizer, piece) for piece in tokenizer.pre_tokenize(text)]
+    assert isinstance(tokenizer, BPETokenizer)
     return [merge_piece(tokenizer, piece) for piece in tokenizer.pre_tokenize(text)]
+
+
+def _sentencepiece_piece(tokenizer: SentencePieceTokenizer, piece: str) -> PieceMerges:
+    if piece in tokenizer.user_defined:  # cut out whole, before any merging
+        return PieceMerges(piece, [piece], [], [tokenizer.piece_ids[piece]])
+    log, ids = tokenizer.merge_log(piece)
+    return PieceMerges(piece, list(piece), [Merge(id_, (left, right), after) for left, right, id_, after in log], ids)

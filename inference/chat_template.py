@@ -192,7 +192,9 @@ class ChatTemplate:
         """Text as it is, without the template (legacy completions, a base model's completion): one segment after the
         BOS token where the file asks for one; control-token text stays text."""
         start = len(self._raw_prefix)
-        return self._tokenize(self._raw_prefix + text, {0: (start, start + len(text))}, [{"role": "user", "content": text}])
+        return self._tokenize(
+            self._raw_prefix + text, {0: (start, start + len(text))}, [{"role": "user", "content": text}]
+        )
 
     def _tokenize(
         self,

@@ -55,11 +55,11 @@ class GGUFFile:
         except Exception as exc:  # the gguf package raises bare ValueError/struct/index errors
             raise ModelFileError(self.path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
         self.metadata: dict[str, Any] = {}
-        for key, field in self._reader.fields.items():
+        for key, entry in self._reader.fields.items():
             if key in _TOKENIZER_ARRAYS or key.startswith("GGUF."):
                 continue
             try:
-                self.metadata[key] = field.contents()
+                self.metadata[key] = entry.contents()
             except Exception as exc:
                 raise ModelFileError(self.path, f"metadata key {key!r} is corrupt ({exc})") from exc
         self._tensors: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}

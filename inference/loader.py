@@ -24,6 +24,7 @@ from inference.gguf_file import GGUFFile, TokenizerData
 from inference.load_config import LoadConfig
 from inference.memory import return_free_memory
 from inference.model import Transformer
+from inference.model_card import ModelCard, model_card
 from inference.model_weights import ModelWeights, expected_tensors
 from inference.model_weights import read as read_weights
 from inference.plain import to_plain
@@ -100,6 +101,7 @@ class LoadedModel:
     weights: WeightPlan
     load_seconds: float
     from_cache: bool
+    card: ModelCard
 
     @property
     def model_id(self) -> str:
@@ -167,6 +169,7 @@ def load_model(
         weights=plan,
         load_seconds=time.perf_counter() - started,
         from_cache=state is not None,
+        card=model_card(config, tokenizer.kind, bool(meta["metadata"].get("tokenizer.chat_template"))),
     )
 
 

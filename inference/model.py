@@ -66,7 +66,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def rope_frequencies(
-    config: ModelConfig, base: float, scale: float = 1.0, factors: Tensor | None = None, device: torch.device | None = None
+    config: ModelConfig,
+    base: float,
+    scale: float = 1.0,
+    factors: Tensor | None = None,
+    device: torch.device | None = None,
 ) -> Tensor:
     """Complex rotations [context_length, rope_dim / 2] for every position: angle = position * scale / base^(2i / d)
     / factors[i] (`scale`: linear RoPE scaling; `factors`: Llama 3.x's `rope_freqs`), as ggml's RoPE computes it."""

@@ -53,7 +53,8 @@ class BlockWeights:
     post_ffw_norm: Tensor | None = None  # [dim]
 
     PROJECTIONS = ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")
-    VECTORS = ("attn_norm", "ffn_norm", "attn_qkv_bias", *QK_NORMS, *POST_NORMS)
+    OPTIONAL = ("attn_qkv_bias", *QK_NORMS, *POST_NORMS)  # what some families have
+    VECTORS = ("attn_norm", "ffn_norm", *OPTIONAL)
 
     def vectors(self) -> list[Tensor]:
         return [t for n in self.VECTORS if (t := getattr(self, n)) is not None]
@@ -97,8 +98,13 @@ class ModelWeights:
     def restore(cls, state: dict[str, Any], plan: WeightPlan) -> ModelWeights:
         blocks = [
             BlockWeights(
-                **{n: w.restore(b[n]) for n in BlockWeights.PROJECTIONS},
-                **{n: b[n] for n in BlockWeights.VECTORS},
+                attn_norm=b["attn_norm"],
+                attn_qkv=w.restore(b["attn_qkv"]),
+                attn_output=w.restore(b["attn_output"]),
+                ffn_norm=b["ffn_norm"],
+                ffn_gate_up=w.restore(b["ffn_gate_up"]),
+                ffn_down=w.restore(b["ffn_down"]),
+                **{n: b[n] for n in BlockWeights.OPTIONAL},
             )
             for b in state["blocks"]
         ]
@@ -168,11 +174,16 @@ class WeightReader:
         if self.plan.uses(w.WeightFormat.INT4):
             raw = self.gguf.q4_blocks(full)
             if raw is not None:
-                blocks = w.Q4Blocks(*(torch.from_numpy(a) for a in raw))
+                blocks = w.Q4Blocks(torch.from_numpy(raw[0]), torch.from_numpy(raw[1]), torch.from_numpy(raw[2]))
             elif self.plan.q8 and (wide := self.gguf.byte_blocks(full)) is not None:
-                blocks = w.Q4Blocks(*(torch.from_numpy(a) for a in wide[:3]), bits=8)
-        exact = blocks is not None and blocks.bits == 4
-        dense = blocks.dequantize() if exact else torch.from_numpy(self.gguf.dequantize(full))
+                codes, scales, minimums, _ = wide
+                blocks = w.Q4Blocks(
+                    torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(minimums), bits=8
+                )
+        if blocks is not None and blocks.bits == 4:
+            dense = blocks.dequantize()  # the file's own values
+        else:
+            dense = torch.from_numpy(self.gguf.dequantize(full))
         if tuple(dense.shape) != shape:
             raise ModelFileError(self.gguf.path, f"tensor {full!r} has shape {tuple(dense.shape)}, expected {shape}")
         self.done += 1

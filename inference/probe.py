@@ -135,9 +135,7 @@ class LayerProbe:
         best_p = (best_logit - torch.logsumexp(logits, dim=-1)).exp()
         guesses = [LensGuess(layer, i, p) for layer, i, p in zip(layers * 2, best_id.tolist(), best_p.tolist())]
         return LayerDetail(
-            attention=attention_weights(
-                torch.stack(self._queries), torch.stack(self._keys), torch.tensor(self._firsts)
-            )
+            attention=attention_weights(torch.stack(self._queries), torch.stack(self._keys), torch.tensor(self._firsts))
             .to(torch.float16)
             .cpu()
             .numpy(),  # [L, H, S]

@@ -47,7 +47,9 @@ class SentencePieceTokenizer(Tokenizer):
         self.pieces = data.tokens
         self.scores = data.scores
         self.add_space_prefix = data.add_space_prefix
-        self.piece_ids = {piece: i for i, piece in enumerate(data.tokens)}  # a repeated piece: its last id, as llama.cpp
+        self.piece_ids = {
+            piece: i for i, piece in enumerate(data.tokens)
+        }  # a repeated piece: its last id, as llama.cpp
         types = data.token_types
         self.special_ids = {t: i for i, (t, kind) in enumerate(zip(data.tokens, types)) if kind == CONTROL_TOKEN_TYPE}
         self.control_ids = frozenset(self.special_ids.values())
@@ -118,8 +120,18 @@ class SentencePieceTokenizer(Tokenizer):
                 spans.append((start + max(0, a - prefix), start + max(0, b - prefix)))
         return Encoding(ids=ids, tokens=[self.token_text(i) for i in ids], spans=spans)
 
-    def _merge(self, text: str) -> list[tuple[int, tuple[int, int]]]:
-        """llama.cpp's bigram merging over the characters of `text` (already escaped): (id, character span) each."""
+    def merge_log(self, text: str) -> tuple[list[tuple[str, str, int, list[str]]], list[int]]:
+        """How one stretch (escaped, as `pre_tokenize` gives it) becomes its tokens: each merge as (left, right, the
+        merged piece's id, the symbols after it), and the ids at the end."""
+        log: list[tuple[str, str, int, list[str]]] = []
+        ids = [token for token, _ in self._merge(text, log)]
+        return log, ids
+
+    def _merge(
+        self, text: str, log: list[tuple[str, str, int, list[str]]] | None = None
+    ) -> list[tuple[int, tuple[int, int]]]:
+        """llama.cpp's bigram merging over the characters of `text` (already escaped): (id, character span) each;
+        `log`, when given, receives every merge (`merge_log`)."""
         symbols = [_Symbol(i, i + 1, i - 1, i + 1 if i + 1 < len(text) else -1) for i in range(len(text))]
         queue: list[tuple[float, int, int, int]] = []  # (-score, left, right, size): best score, then leftmost
 
@@ -139,10 +151,13 @@ class SentencePieceTokenizer(Tokenizer):
             a, b = symbols[left], symbols[right]
             if a.end == a.start or b.end == b.start or b.end - a.start != size:
                 continue  # outdated: one side has merged since
+            pair = (text[a.start : a.end], text[b.start : b.end])
             a.end, b.end = b.end, b.start
             a.next = b.next
             if b.next >= 0:
                 symbols[b.next].prev = left
+            if log is not None:
+                log.append((*pair, self.piece_ids[text[a.start : a.end]], _texts(text, symbols)))
             add(a.prev, left)
             add(left, a.next)
         out: list[tuple[int, tuple[int, int]]] = []
@@ -156,3 +171,12 @@ class SentencePieceTokenizer(Tokenizer):
                 out.extend((self.byte_ids[b], span) for b in text[span[0] : span[1]].encode())
             i = symbols[i].next
         return out
+
+
+def _texts(text: str, symbols: list[_Symbol]) -> list[str]:
+    """The symbols still standing, in order."""
+    out, i = [], 0 if symbols else -1
+    while i >= 0:
+        out.append(text[symbols[i].start : symbols[i].end])
+        i = symbols[i].next
+    return out

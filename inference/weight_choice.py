@@ -252,7 +252,9 @@ def measure(
 
 
 def _time(projections: list[Projection], x: Tensor, config: ModelConfig) -> float:
-    inputs = {n: x if n == config.dim else x.new_zeros(x.shape[0], n) for n in (config.dim, config.q_dim, config.ffn_dim)}
+    inputs = {
+        n: x if n == config.dim else x.new_zeros(x.shape[0], n) for n in (config.dim, config.q_dim, config.ffn_dim)
+    }
 
     def run() -> None:
         for p in projections:

@@ -386,7 +386,8 @@ def build(
 ) -> Projection:
     """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them);
     `q8`: int4 in the layout of our int4 x int8 kernel (where it takes the shape) instead of torch's, and wider
-    blocks (a K-quant file's 5- to 8-bit ones) in its byte layout where our kernel runs them (else rounded to 4 bits)."""
+    blocks (a K-quant file's 5- to 8-bit ones) in its byte layout where our kernel runs them (else rounded to 4
+    bits)."""
     if fmt is WeightFormat.INT4 and blocks is not None and blocks.bits > 4:
         if q8 and cpu_kernels.q8_supported(*blocks.codes.shape):
             return Int8Q8.from_blocks(blocks)

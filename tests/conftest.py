@@ -91,7 +91,7 @@ def llamacpp_reference() -> dict[str, Any]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """With ROUNDTRIP_REQUIRE_SERVICES=1 (CI), any skip is a failure. (Tests for hardware this machine lacks are
     not skipped: they are deselected at collection, with the reason in the summary; see `hardware` below.)"""
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     if report.skipped and os.environ.get("ROUNDTRIP_REQUIRE_SERVICES") == "1":
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)

@@ -9,6 +9,7 @@ QK-norms, post-norms and activation the family has. Slow and obvious on purpose.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,19 +117,20 @@ def naive_forward(
         base = config.rope_base_for(layer)
         pos_scale = 1.0 if window else config.rope_scale
 
-        def norm(x: np.ndarray, name: str) -> np.ndarray:
+        def norm(x: np.ndarray, name: str, w: dict[str, np.ndarray] = w) -> np.ndarray:
             return rms_norm(x, w[name], config.norm_eps) if name in w else x
 
-        def project(name: str, x: np.ndarray) -> np.ndarray:
+        def project(name: str, x: np.ndarray, w: dict[str, np.ndarray] = w) -> np.ndarray:
             y = w[f"{name}.weight"] @ x
             return y + w[f"{name}.bias"] if f"{name}.bias" in w else y
 
-        def roped(vec: np.ndarray, pos: int, norm_name: str) -> np.ndarray:
+        # this layer's RoPE: its base, its position scale and (global layers) Llama 3's divisors
+        turn = (base, pos_scale, None if window else factors)
+
+        def roped(vec: np.ndarray, pos: int, norm_name: str, turn: tuple[Any, ...] = turn) -> np.ndarray:
             heads = [norm(vec[h * hd : (h + 1) * hd], norm_name) for h in range(len(vec) // hd)]
-            turned = [
-                _rope(x, pos * pos_scale, base, family.rope_halves, config.rope_dim, None if window else factors)
-                for x in heads
-            ]
+            layer_base, scale, divisors = turn
+            turned = [_rope(x, pos * scale, layer_base, family.rope_halves, config.rope_dim, divisors) for x in heads]
             return np.concatenate(turned)
 
         normed = [norm(x, "attn_norm.weight") for x in xs]

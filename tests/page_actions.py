@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
+from conftest import SERVICE_SKIP_PREFIX
 
 # Debian's Chromium, headless, as the browser tests and the page benchmark drive it (never `playwright install`).
 CHROMIUM = os.environ.get("ROUNDTRIP_CHROMIUM", "/usr/bin/chromium")
@@ -131,3 +135,19 @@ def walk_the_tour(page: Any, pause_s: float = 0.4) -> list[str]:
     page.locator("#tour [data-tour=text]", has_text="Time to first token").wait_for(timeout=60000)
     said.append(page.inner_text("#tour [data-tour=text]"))
     return said
+
+
+def chromium() -> Iterator[Any]:
+    """Debian's Chromium under Playwright, for a module-scoped `browser` fixture started after its live server."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{SERVICE_SKIP_PREFIX} Chromium at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
+    try:
+        with sync_playwright() as playwright:
+            launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            yield launched
+            launched.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)

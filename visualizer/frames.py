@@ -38,11 +38,13 @@ MessageId = Annotated[int, Field(ge=1)]
 
 class ChatFrame(StrictModel):
     """{"type": "chat", "messages", "params", "level", "step", "continue_final_message", and where the turn is kept:
-    "conversation", "parent", "answer_to", "extend"}: one turn."""
+    "conversation", "parent", "answer_to", "extend"}: one turn; with "prompt" instead of "messages", the page's
+    "complete this text" mode: the text as it is, without the chat template (what a base model is made for)."""
 
     type: Literal["chat"]
     model: ModelName = "default"
     messages: Any = None  # the chat request's own model checks these
+    prompt: Annotated[str, Field(min_length=1)] | None = None
     params: dict[ParamName, Any] = Field(default_factory=dict)
     level: Literal["summary", "full"] = "summary"
     step: bool = False  # step mode: the server pauses after each token until a "next" frame
@@ -58,6 +60,8 @@ class ChatFrame(StrictModel):
             raise ValueError("give answer_to (another answer) or extend (more of one), not both")
         if self.extend is not None and not self.continue_final_message:
             raise ValueError("extend continues the last message: it needs continue_final_message")
+        if self.prompt is not None and (self.messages is not None or self.continue_final_message):
+            raise ValueError("give prompt (text to complete) or messages (a chat), not both")
         return self
 
 

@@ -76,7 +76,10 @@ class Run:
     def _body(self) -> tuple[dict[str, Any], ChatFrame]:
         """The frame, checked field by field, and as an OpenAI-style body for the chat request's parser."""
         frame: ChatFrame = parse(ChatFrame, self.payload)
-        body: dict[str, Any] = {"model": frame.model, "messages": frame.messages}
+        # text to complete travels as the one message the chat request's checks see; it is generated without the
+        # template (`frames`)
+        messages = frame.messages if frame.prompt is None else [{"role": "user", "content": frame.prompt}]
+        body: dict[str, Any] = {"model": frame.model, "messages": messages}
         for name, value in frame.params.items():
             body[name] = value
         if frame.continue_final_message is not None:  # a branch: the answer so far, then the model goes on from it
@@ -101,13 +104,15 @@ class Run:
             ctx.prompt_text = request.chat_messages[-1]["content"]
             await turn.admit(request.model)
             yield {"type": "gateway", **turn.gateway_report()}
+            raw = {"prompt": frame.prompt} if frame.prompt is not None else {}
             self.generation = await turn.generate(
-                request.chat_messages,
+                [] if raw else request.chat_messages,
                 request.params,
                 frame.level,
                 fit_max_tokens=not request.max_tokens_given,
                 step=frame.step,
                 continue_final=request.continue_final_message,
+                **raw,
             )
             yield accepted_frame(self.generation.accepted)
             replay = SseReplay(turn)

@@ -5,6 +5,7 @@ import { ConversationList } from "./conversations.js";
 import { el } from "./dom.js";
 import { defineTerms } from "./glossary.js";
 import { Layout } from "./layout.js";
+import { ModelCard } from "./model_card.js";
 import { copyCodeButtons } from "./markdown.js";
 import { Player } from "./player.js";
 import { recall, remember } from "./prefs.js";
@@ -129,10 +130,17 @@ const speed = () => document.querySelector('input[name="speed"]:checked').value;
 function startRun(messages, extra) {
   showError("");
   const request = { type: "chat", model: $("model").value, messages, params: params(), level: $("level").value, step: speed() === "step", ...extra };
+  // "complete this text": the last message's text as it is, without the chat template; the page keeps the messages
+  // for its own drawing, the server gets the prompt alone
+  if ($("mode").value === "complete") {
+    request.prompt = messages.findLast((m) => m.role === "user").content;
+    delete request.continue_final_message;
+  }
+  const { messages: _drawn, ...completion } = request;
   player.speed = speed() === "slow" ? "slow" : "live";
   const run = new Run(request);
   run.sentAt = performance.now();
-  if (!socket.send(request)) {
+  if (!socket.send(request.prompt === undefined ? request : completion)) {
     showError("Not connected to the server yet; try again in a moment.");
     return null;
   }
@@ -450,6 +458,7 @@ async function pollHealth(box) {
     }
     if (health?.ready) {
       box.hidden = true;
+      await modelCard.refresh();
       return;
     }
     const model = health ? Object.entries(health.models).find(([, s]) => s.state !== "ready") : null;
@@ -469,4 +478,5 @@ async function pollHealth(box) {
     await new Promise((resolve) => setTimeout(resolve, 400));
   }
 }
+const modelCard = new ModelCard($("model-card"), $("model"), $("mode"), $("prompt"));
 watchModelLoading();

@@ -169,16 +169,19 @@ function drawRequest(run) {
     field("request", "api").textContent = `${heard}\nfrom ${source || "?"} · model ${model || "?"}\nrequest id ${id}`;
     return;
   }
-  json.textContent = JSON.stringify(run.request, null, 2);
+  // completing text, the socket carried the prompt alone (the page keeps the messages for drawing the turn)
+  json.textContent = JSON.stringify(run.request.prompt === undefined ? run.request : { ...run.request, messages: undefined }, null, 2);
   field("request", "api-title").replaceChildren("The same request through the API ", el("span", { class: "muted" }, "(what an SDK sends)"));
-  field("request", "api").textContent = `POST /v1/chat/completions\nAuthorization: Bearer <your key>\n\n${JSON.stringify(apiRequest(run.request), null, 2)}`;
+  const endpoint = run.request.prompt === undefined ? "/v1/chat/completions" : "/v1/completions";
+  field("request", "api").textContent = `POST ${endpoint}\nAuthorization: Bearer <your key>\n\n${JSON.stringify(apiRequest(run.request), null, 2)}`;
 }
 
-// The page's chat message as the API takes it: the same model, messages and sampling fields, streamed, with the usage
-// chunk at the end (the page's own options, level and step, are the page's).
+// The page's turn as the API takes it: the same model, messages (or, completing text, the prompt) and sampling fields,
+// streamed, with the usage chunk at the end (the page's own options, level and step, are the page's).
 function apiRequest(request) {
   const more = request.continue_final_message ? { continue_final_message: true } : {};
-  return { model: request.model, messages: request.messages, ...request.params, ...more, stream: true, stream_options: { include_usage: true } };
+  const input = request.prompt === undefined ? { messages: request.messages } : { prompt: request.prompt };
+  return { model: request.model, ...input, ...request.params, ...more, stream: true, stream_options: { include_usage: true } };
 }
 
 function drawGateway(run) {

@@ -4,7 +4,6 @@ connected pipeline socket with an in-process worker (`with_worker`) for the sock
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,11 @@ from channels.auth import AuthMiddlewareStack
 from channels.layers import channel_layers
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
-from conftest import SERVICE_SKIP_PREFIX
 from django.test import override_settings
 from inprocess import worker_ready
 from load_settings import CPU
 from loops import run_async
-from page_actions import CHROMIUM, FLAGS, open_page
+from page_actions import chromium, open_page
 
 from visualizer.routing import websocket_urlpatterns
 from webapp.catalog import ModelRoute
@@ -37,18 +35,7 @@ def browser(daphne_server: Any) -> Iterator[Any]:
 
     While that loop runs, Django takes the tests' own ORM calls for async ones; they are not, so its check is
     off for exactly that time, and never in a server's environment (`servers.server_env`)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{SERVICE_SKIP_PREFIX} Chromium at {CHROMIUM} (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
-    try:
-        with sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-            yield chromium
-            chromium.close()
-    finally:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    yield from chromium()
 
 
 # What the pipeline tests want of the page: the pipeline open with every "More" part of the forward pass, answers

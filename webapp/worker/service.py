@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -87,6 +88,7 @@ def loader(route: ModelRoute, show_progress: bool) -> Callable[[], LoadedModel]:
                 detail="ready",
                 weights=loaded.weights_description,
                 device=str(loaded.device),
+                card=wire.ModelCard(**dataclasses.asdict(loaded.card)),
             ),
         )
         return loaded

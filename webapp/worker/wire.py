@@ -424,6 +424,25 @@ AnyReply = (
 # --- what a worker reports about itself ----------------------------------------------------------------------------
 
 
+class ModelCard(Wire):
+    """What a model is, for people (`inference.model_card`): the page's model card."""
+
+    architecture: str
+    name: str
+    layers: int
+    width: int
+    heads: int
+    kv_heads: int
+    head_size: int
+    feed_forward: int
+    vocabulary: int
+    context: int
+    tokenizer: str
+    chat_template: bool
+    features: list[str]
+    layer_windows: list[int]
+
+
 class ModelLoad(Wire, omit_defaults=True):
     """One model's load progress, as `/health` and the page show it (fields not known yet are left out)."""
 
@@ -434,6 +453,7 @@ class ModelLoad(Wire, omit_defaults=True):
     detail: str | None = None
     weights: str | None = None  # once ready: format and size ("int4 (...), 116 MB")
     device: str | None = None
+    card: ModelCard | None = None  # once ready
 
 
 class ModelSlots(Wire):

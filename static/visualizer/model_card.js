@@ -1,0 +1,65 @@
+// The model card beside the model picker: what the chosen model is, in its file's own numbers (from /health, which
+// the worker fills once the model is loaded), and the mode a turn is sent in: chat, or "complete this text" (the raw
+// text, no chat template), which a base model without a chat template is made for and gets by default.
+import { el } from "./dom.js";
+
+const number = (n) => n.toLocaleString("en-US");
+
+export class ModelCard {
+  constructor(box, picker, mode, prompt) {
+    this.box = box;
+    this.picker = picker;
+    this.mode = mode;
+    this.prompt = prompt;
+    this.cards = {};
+    picker.addEventListener("change", () => this.show(true));
+    mode.addEventListener("change", () => this.placeholder());
+  }
+
+  // The cards of every ready model, from /health; called until each is ready.
+  async refresh() {
+    try {
+      const health = await (await fetch("/health")).json();
+      for (const [id, s] of Object.entries(health.models ?? {})) if (s.card) this.cards[id] = s.card;
+    } catch {
+      return;
+    }
+    this.show(!this.shown);
+  }
+
+  // The chosen model's card; `pickMode`: set the mode it is made for (a new pick, or the first card seen).
+  show(pickMode) {
+    const card = this.cards[this.picker.value];
+    if (!card) {
+      this.box.replaceChildren(el("p", { class: "muted" }, "The model's card appears once it is loaded."));
+      return;
+    }
+    this.shown = true;
+    if (pickMode) this.mode.value = card.chat_template ? "chat" : "complete";
+    this.placeholder();
+    const local = card.layer_windows.filter((w) => w > 0).length;
+    const layers = el("div", { class: "layer-cells", role: "img", "aria-label": `${card.layers} layers: ${local} local, ${card.layers - local} global` });
+    card.layer_windows.forEach((w, i) => {
+      const text = w ? `layer ${i}: local attention, sees the last ${number(w)} tokens` : `layer ${i}: global attention, sees every earlier token`;
+      layers.append(el("span", { class: w ? "layer-cell local" : "layer-cell", title: text }));
+    });
+    this.box.replaceChildren(
+      el("p", {}, `${card.name || card.architecture} · ${card.architecture} architecture`),
+      el(
+        "p",
+        { class: "muted" },
+        `${card.layers} layers, width ${number(card.width)}, feed-forward ${number(card.feed_forward)}, heads of ${card.head_size}; ` +
+          `vocabulary ${number(card.vocabulary)} (${card.tokenizer}), context ${number(card.context)} tokens. ` +
+          (card.chat_template ? "Its file has a chat template." : "No chat template in its file: a base model, made to continue text."),
+      ),
+      el("ul", { class: "features" }, ...[]),
+      layers,
+    );
+    const list = this.box.querySelector(".features");
+    for (const feature of card.features) list.append(el("li", {}, feature));
+  }
+
+  placeholder() {
+    this.prompt.placeholder = this.mode.value === "complete" ? "Write the start of a text; the model continues it…" : "Ask something and watch it travel…";
+  }
+}

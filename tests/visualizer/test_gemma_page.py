@@ -1,0 +1,92 @@
+"""The page on Gemma 3 270M, a base model of another architecture served beside SmolLM2: its model card in the file's
+own numbers, "complete this text" chosen for it, every stage filled, the sliding-window layers shown."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from page_actions import answer, ask, chromium, open_page, wait_done
+from servers import free_port, manage, server_env, start, stop, wait_ready
+
+pytestmark = pytest.mark.live
+
+STUDENT = {"pipeline": "open", "answer-view": "tokens", "greedy": "yes"}
+
+
+@pytest.fixture(scope="module")
+def gemma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    workdir = tmp_path_factory.mktemp("gemma-page")
+    env = {
+        **server_env(),
+        "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"),
+        "ROUNDTRIP_GEMMA": "1",
+        "ROUNDTRIP_WEIGHTS": "auto",  # as a user gets them
+    }
+    manage(env, "migrate", "--noinput")
+    port = free_port()
+    log = workdir / "server.log"
+    process = start(env, log, "serve", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, [process], [log], timeout=300)
+        yield url
+    finally:
+        stop([process])
+
+
+@pytest.fixture(scope="module")
+def browser(gemma_server: str) -> Iterator[Any]:
+    yield from chromium()
+
+
+@pytest.fixture
+def page(browser: Any, gemma_server: str) -> Iterator[Any]:
+    context, page, errors = open_page(browser, gemma_server, STUDENT)
+    yield page
+    context.close()
+    assert errors == [], f"JavaScript errors or Content-Security-Policy violations on the page: {errors}"
+
+
+def test_the_model_card_names_gemmas_architecture_in_its_files_numbers(page: Any, screenshot: Any) -> None:
+    page.select_option("#model", "gemma3-270m")
+    page.wait_for_function("document.getElementById('model-card').textContent.includes('gemma3 architecture')")
+    card = page.inner_text("#model-card")
+    for fact in (
+        "18 layers, width 640",
+        "vocabulary 262,144 (SentencePiece)",
+        "QK-norm",
+        "GELU-gated",
+        "15 of 18 layers see only the last 512 tokens",
+        "No chat template",
+    ):
+        assert fact in card, fact
+    cells = page.locator("#model-card .layer-cell")
+    assert cells.count() == 18 and page.locator("#model-card .layer-cell.local").count() == 15
+    assert cells.nth(3).get_attribute("title") == "layer 3: local attention, sees the last 512 tokens"
+    assert page.input_value("#mode") == "complete"  # a base model: completing text is what it is for
+    page.select_option("#model", "smollm2-135m-instruct")
+    page.wait_for_function("document.getElementById('mode').value === 'chat'")
+    screenshot(page.locator("#settings"), "gemma-model-card")
+
+
+def test_gemma_completes_text_with_every_stage_filled(page: Any, screenshot: Any) -> None:
+    page.fill("#max_tokens", "8")
+    ask(page, "The capital of India is", level="full", model="gemma3-270m")
+    wait_done(page)
+    assert answer(page).strip() == "the capital of the state of Uttar Pradesh"  # llama.cpp's first 8 tokens
+    sent = json.loads(page.inner_text('#stage-request [data-field="json"]'))
+    assert sent["prompt"] == "The capital of India is" and "messages" not in sent
+    assert page.inner_text('#stage-request [data-field="api"]').startswith("POST /v1/completions")
+    ids = page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => Number(n.dataset.id))")
+    assert ids == [818, 5279, 529, 4673, 563]  # llama.cpp's ids for the text (its <bos> is markup in the context)
+    assert page.locator("#stage-forward .layer").count() == 18
+    assert "4 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
+    assert page.inner_text("#stage-sampling .bar.chosen .tok").strip() == "the"
+    for cell in ("ttft-client", "ttft-server", "itl-client", "itl-server"):
+        assert page.inner_text(f'#stage-latency [data-field="{cell}"]').endswith("ms")
+    for stage in ("tokens", "forward", "sampling"):
+        screenshot(page.locator(f"#stage-{stage}"), f"gemma-stage-{stage}")
+    screenshot(page, "gemma-page")
