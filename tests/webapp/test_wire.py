@@ -155,6 +155,25 @@ STATUS = wire.WorkerStatus(
 LOADS = [
     wire.ModelLoad(state="loading", stage="converting", done=3, total=9, detail="blk.1"),
     wire.ModelLoad(state="not started"),
+    wire.ModelLoad(
+        state="ready",
+        card=wire.ModelCard(
+            architecture="gemma3",
+            name="Gemma 3 270m",
+            layers=2,
+            width=640,
+            heads=4,
+            kv_heads=1,
+            head_size=256,
+            feed_forward=2048,
+            vocabulary=262144,
+            context=32768,
+            tokenizer="SentencePiece",
+            chat_template=False,
+            features=["QK-norm"],
+            layer_windows=[512, 0],
+        ),
+    ),
 ]
 
 
@@ -186,6 +205,7 @@ def test_every_wire_class_has_an_example_here() -> None:
         *STATUS.models.values(),
         *(piece for reply in REPLIES if isinstance(reply, wire.MergeSteps) for piece in reply.pieces),
         *(m for reply in REPLIES if isinstance(reply, wire.MergeSteps) for p in reply.pieces for m in p.merges),
+        *(load.card for load in LOADS if load.card is not None),
     ]
     assert every_wire_class() == {type(example) for example in examples}
 
