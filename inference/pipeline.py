@@ -143,6 +143,8 @@ class ChatPipeline:
             dim=c.dim,
             ffn_dim=c.ffn_dim,
             vocab_size=c.vocab_size,
+            layer_windows=[c.window(i) for i in range(c.n_layers)],
+            local_rope_base=c.local_rope_base,
         )
         return SequenceRequest(
             request_id,

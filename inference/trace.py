@@ -83,6 +83,9 @@ class ContextBuilt:
     dim: int = 0  # the width of the residual stream: the numbers each token is carried as
     ffn_dim: int = 0  # feed-forward neurons per layer
     vocab_size: int = 0  # tokens the output head scores
+    # positions each layer sees (0: all of them; Gemma 3's local layers: the last `sliding_window`), and their RoPE base
+    layer_windows: list[int] = field(default_factory=list)
+    local_rope_base: float = 0.0
 
 
 @dataclass(frozen=True)

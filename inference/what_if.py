@@ -60,6 +60,12 @@ def resample(
     return sampler.sample(last_logits(model, [*prompt_ids, *generated], {}), DETAIL_TOP_N)
 
 
+def likeliest(model: Transformer, ids: Sequence[int], k: int) -> list[tuple[int, float]]:
+    """The `k` likeliest tokens after `ids` and their probabilities, best first."""
+    top = torch.topk(torch.softmax(last_logits(model, ids, {}), dim=-1), k)
+    return list(zip(top.indices.tolist(), top.values.tolist()))
+
+
 def last_logits(model: Transformer, ids: Sequence[int], probes: Mapping[int, ForwardProbe]) -> Tensor:
     """float32 logits [V] after `ids`, computed in a cache of their own."""
     cache = model.new_cache(1, len(ids))

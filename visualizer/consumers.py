@@ -15,7 +15,7 @@ import msgspec
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from visualizer.pacing import PACE_S, paced
-from visualizer.questions import inspect, merges, prompt_attention, resample
+from visualizer.questions import compare, inspect, merges, prompt_attention, resample
 from visualizer.runs import Run, Visitor, error_frame
 from visualizer.watch import WATCH_GROUP, watcher_joined, watcher_left
 from webapp.gateway.client_ip import client_ip
@@ -23,7 +23,13 @@ from webapp.gateway.errors import bad_request
 from webapp.gateway.json_input import BadJSON, loads_object
 
 MAX_FRAME_BYTES = 64 * 1024  # larger frames get an error frame; past 1 MiB the socket closes with 1009 and a reason
-QUESTIONS = {"inspect": inspect, "resample": resample, "prompt_attention": prompt_attention, "merges": merges}
+QUESTIONS = {
+    "inspect": inspect,
+    "resample": resample,
+    "prompt_attention": prompt_attention,
+    "merges": merges,
+    "compare": compare,
+}
 MAX_BATCH_BYTES = 256 * 1024  # frames sent together stay well under Daphne's 1 MiB message limit
 _json = msgspec.json.Encoder()
 

@@ -82,6 +82,14 @@ class MergesFrame(StrictModel):
     text: Annotated[str, Field(min_length=1, max_length=200)]
 
 
+class CompareFrame(StrictModel):
+    """{"type": "compare", "models": [a, b], "text"}: one text read by two models, their tokens and next tokens."""
+
+    type: Literal["compare"]
+    models: Annotated[list[ModelName], Field(min_length=2, max_length=2)]
+    text: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
 class PromptAttentionFrame(StrictModel):
     """{"type": "prompt_attention", "model", "ids", "layer"}: one layer's whole token x token matrix."""
 

@@ -3,10 +3,11 @@
 "inspect": the full-level detail (attention, norms, logit lens) of one token, recomputed.
 "prompt_attention": the prefill's full token x token attention at one layer (a live trace keeps one row per pass).
 "merges": how BPE builds a word's tokens from its bytes, merge by merge, from the tokenizer's table.
+"compare": one text read by two models side by side, each one's tokens and likeliest next tokens.
 "resample": what if that step had been drawn with other settings — the step's real logits, recomputed from
 the tokens before it, through the sampler with the new temperature, top-k, top-p, min-p or penalties.
-Each answers with one frame ("inspection" / "prompt_attention" / "merges" / "resampled", or "error") and leaves one
-usage row.
+Each answers with one frame ("inspection" / "prompt_attention" / "merges" / "comparison" / "resampled", or "error")
+and leaves one usage row per model asked.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from visualizer.frames import InspectFrame, MergesFrame, PromptAttentionFrame, ResampleFrame
+from visualizer.frames import CompareFrame, InspectFrame, MergesFrame, PromptAttentionFrame, ResampleFrame
 from visualizer.runs import Visitor, error_frame
 from webapp.api.protocol import parse
 from webapp.catalog import ModelRoute
 from webapp.gateway import client
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
+from webapp.worker import wire
 
 
 async def _ask(
@@ -64,6 +66,27 @@ async def merges(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
         return {"type": "merges", "text": asked.text, "pieces": pieces}
 
     return await _ask(visitor, "ws.merges", frame.get("model"), work)
+
+
+async def compare(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
+    """The same text read by two models: each side asked through the gateway as its own request."""
+    try:
+        asked: CompareFrame = parse(CompareFrame, frame)
+    except Exception as exc:
+        return error_frame(Turn("ws.compare", visitor.client_ip).fail(exc))
+    sides = []
+    for model in asked.models:
+
+        async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
+            view = await client.next_tokens(route, asked.text)
+            turn.usage.prompt_tokens = len(view.ids)
+            return {"type": "side", "model": route.id, "view": view}
+
+        side = await _ask(visitor, "ws.compare", model, work)
+        if side["type"] == "error":
+            return side
+        sides.append({"model": side["model"], **wire.plain(side["view"])})
+    return {"type": "comparison", "text": asked.text, "sides": sides}
 
 
 async def prompt_attention(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:

@@ -9,4 +9,5 @@ urlpatterns = [
     path("conversations/<int:pk>/current", views.conversation_current, name="conversation-current"),
     path("conversations/<int:pk>/messages/<int:message_id>/", views.conversation_message, name="conversation-message"),
     path("watch/", views.watch, name="watch"),
+    path("compare/", views.compare, name="compare"),
 ]

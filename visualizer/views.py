@@ -61,6 +61,13 @@ def chat(request: HttpRequest) -> HttpResponse:
     )
 
 
+def compare(request: HttpRequest) -> HttpResponse:
+    """Two models side by side on one text: their tokens and their next-token distributions (asked over the page's
+    socket)."""
+    models = [r.id for r in configured_models()]
+    return render(request, "visualizer/compare.html", {"models": models, "second": models[1 % len(models)]})
+
+
 def conversation_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "")[:200]
     found = conversations.search(_owner(request), query)[:LISTED]

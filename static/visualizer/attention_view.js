@@ -116,7 +116,8 @@ export class AttentionView {
     const group = groupSize(run, heads);
     const query = positionLabel(run, queryPosition(forward));
     field("forward", "layer-label").textContent =
-      `layer ${layer} of ${layers - 1} · ${heads} heads over ${attention.shape[2]} positions · query “${query.label}” at position ${query.position}`;
+      `layer ${layer} of ${layers - 1} · ${heads} heads over ${attention.shape[2]} positions · query “${query.label}” at position ${query.position}` +
+      windowNote(run, layer, query.position);
     drawHeads(this.heads, run, attention, layer);
     this.saySink(attention, layer, head);
     const shown = field("forward", "group-pick").checked ? Array.from({ length: group }, (_, k) => Math.floor(head / group) * group + k) : [head];
@@ -190,4 +191,15 @@ export class AttentionView {
       corner: "layer",
     });
   }
+}
+
+// What a layer sees, where the model's layers differ (Gemma 3: five local layers to one global): a local layer's
+// query attends only to its last `window` positions, the earlier ones get no weight.
+function windowNote(run, layer, position) {
+  const windows = run?.context?.layer_windows ?? [];
+  if (!windows.some((w) => w > 0)) return "";
+  const w = windows[layer] ?? 0;
+  if (!w) return " · global layer: sees every earlier token";
+  const first = Math.max(0, position + 1 - w);
+  return ` · local layer: sees the last ${w} tokens (${first > 0 ? `positions ${first}–${position}` : `all ${position + 1} here`})`;
 }

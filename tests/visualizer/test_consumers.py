@@ -375,3 +375,24 @@ def test_frames_sent_together_are_split_below_the_message_limit() -> None:
     assert all(isinstance(message, list) for message in messages[:-1])
     received = [frame for message in messages for frame in (message if isinstance(message, list) else [message])]
     assert [frame["n"] for frame in received] == list(range(12))
+
+
+def test_the_page_can_compare_two_models_on_one_text(with_worker: Any) -> None:
+    """Both sides through the gateway (one usage row each): the tiny model against itself here, the same tokens and
+    the same likeliest next tokens; a bad frame gets the error in the frame's words."""
+
+    async def body(ws: WebsocketCommunicator) -> None:
+        await ws.send_json_to({"type": "compare", "models": ["tiny", "tiny"], "text": "the heat"})
+        frame = await ws.receive_json_from(timeout=30)
+        assert frame["type"] == "comparison" and [s["model"] for s in frame["sides"]] == ["tiny", "tiny"]
+        first, second = frame["sides"]
+        assert first["ids"] == second["ids"] and first["spans"][-1][1] == len("the heat")
+        probs = [x["prob"] for x in first["likely"]]
+        assert len(probs) == 10 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+        assert first["likely"] == second["likely"]
+        await ws.send_json_to({"type": "compare", "models": ["tiny"], "text": "x"})
+        error = await ws.receive_json_from(timeout=30)
+        assert error["type"] == "error" and "models" in error["message"]
+
+    with_worker(body)
+    assert UsageRecord.objects.filter(endpoint="ws.compare", status=200).count() == 2

@@ -84,9 +84,46 @@ def test_gemma_completes_text_with_every_stage_filled(page: Any, screenshot: Any
     assert ids == [818, 5279, 529, 4673, 563]  # llama.cpp's ids for the text (its <bos> is markup in the context)
     assert page.locator("#stage-forward .layer").count() == 18
     assert "4 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
+    windows = ((3, "local layer: sees the last 512 tokens (all"), (5, "global layer: sees every earlier token"))
+    for layer, seen in windows:
+        page.evaluate(
+            """(layer) => { const pick = document.querySelector('#stage-forward [data-field="layer-pick"]');
+                 pick.value = String(layer); pick.dispatchEvent(new Event("input")); }""",
+            layer,
+        )
+        assert seen in page.inner_text('#stage-forward [data-field="layer-label"]')
     assert page.inner_text("#stage-sampling .bar.chosen .tok").strip() == "the"
     for cell in ("ttft-client", "ttft-server", "itl-client", "itl-server"):
         assert page.inner_text(f'#stage-latency [data-field="{cell}"]').endswith("ms")
     for stage in ("tokens", "forward", "sampling"):
         screenshot(page.locator(f"#stage-{stage}"), f"gemma-stage-{stage}")
     screenshot(page, "gemma-page")
+
+
+def test_the_comparison_shows_both_tokenizations_and_both_distributions(
+    browser: Any, gemma_server: str, screenshot: Any
+) -> None:
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, bypass_csp=True)
+    page = context.new_page()
+    page.goto(gemma_server + "/compare/")
+    page.wait_for_selector(".status.connected", timeout=15000)
+    page.select_option("#model-a", "smollm2-135m-instruct")
+    page.select_option("#model-b", "gemma3-270m")
+    page.fill("#compare-text", "The capital of India is")
+    page.click("#compare-run")
+    page.wait_for_selector("#compare-next:not([hidden])", timeout=60000)
+    sides = page.locator(".compare-side")
+    assert sides.count() == 2
+    smollm2_ids = sides.nth(0).locator(".chip").evaluate_all("nodes => nodes.map(n => Number(n.dataset.id))")
+    gemma_ids = sides.nth(1).locator(".chip").evaluate_all("nodes => nodes.map(n => Number(n.dataset.id))")
+    assert gemma_ids == [2, 818, 5279, 529, 4673, 563]  # <bos> and llama.cpp's ids
+    assert len(smollm2_ids) == 5 and 2 not in smollm2_ids[:1]  # no BOS: SmolLM2's file does not ask for one
+    assert "▁capital" in sides.nth(1).inner_text()  # SentencePiece pieces as the vocabulary writes them
+    assert "both cut the text at 5 of 5 places" in page.inner_text("#compare-tokens")
+    rows = page.locator("#compare-next tbody tr")
+    assert rows.count() >= 10
+    assert page.locator("#compare-next tbody tr.both").count() >= 1  # a next token both models rank
+    screenshot(page, "compare-two-models")
+    page.set_viewport_size({"width": 390, "height": 900})
+    screenshot(page, "compare-two-models-390")
+    context.close()

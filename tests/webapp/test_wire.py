@@ -115,6 +115,7 @@ REQUESTS: list[wire.AnyRequest] = [
     wire.PromptAttention(**ASKED, ids=[1, 2], layer=1),
     wire.Resample(**ASKED, prompt_ids=[1, 2], generated=[3], params=PARAMS),
     wire.Merges(**ASKED, text=" capital"),
+    wire.NextTokens(**ASKED, text="The capital of India is"),
     wire.Cancel(request_id="r"),
     wire.Next(request_id="r"),
 ]
@@ -132,6 +133,15 @@ REPLIES: list[wire.AnyReply] = [
     wire.Inspection(request_id="r", detail=DETAIL),
     wire.PromptAttentionMatrix(request_id="r", attention=ATTENTION),
     wire.Resampled(request_id="r", event=SAMPLED),
+    wire.NextTokenView(
+        request_id="r",
+        ids=[2, 818],
+        tokens=["<bos>", "The"],
+        pieces=["<bos>", "The"],
+        spans=[(0, 0), (0, 3)],
+        likely=[wire.Likely(token_id=5279, token=" capital", prob=0.25)],
+        tokenizer="SentencePiece",
+    ),
     wire.MergeSteps(
         request_id="r",
         pieces=[
@@ -206,6 +216,7 @@ def test_every_wire_class_has_an_example_here() -> None:
         *(piece for reply in REPLIES if isinstance(reply, wire.MergeSteps) for piece in reply.pieces),
         *(m for reply in REPLIES if isinstance(reply, wire.MergeSteps) for p in reply.pieces for m in p.merges),
         *(load.card for load in LOADS if load.card is not None),
+        *(likely for reply in REPLIES if isinstance(reply, wire.NextTokenView) for likely in reply.likely),
     ]
     assert every_wire_class() == {type(example) for example in examples}
 

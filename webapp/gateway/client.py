@@ -345,6 +345,11 @@ async def detokenize(route: ModelRoute, ids: list[int]) -> str:
     return (await _ask(route, wire.Detokenize, wire.Detokenized, ids=ids)).text
 
 
+async def next_tokens(route: ModelRoute, text: str) -> wire.NextTokenView:
+    """`text` read raw by the worker's model: its tokens and the likeliest next ones."""
+    return await _ask(route, wire.NextTokens, wire.NextTokenView, text=text)
+
+
 async def merges(route: ModelRoute, text: str) -> list[wire.PieceMerges]:
     """The BPE merges that build the tokens of `text`, by the worker's tokenizer."""
     return (await _ask(route, wire.Merges, wire.MergeSteps, text=text)).pieces

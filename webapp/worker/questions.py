@@ -104,6 +104,29 @@ def resample(loaded: LoadedModel, question: wire.Resample) -> wire.Resampled:
     return wire.Resampled(request_id=question.request_id, event=serialize.sampled(event, loaded.tokenizer))
 
 
+NEXT_TOKENS = 10  # the likeliest next tokens a comparison shows
+
+
+def next_tokens(loaded: LoadedModel, question: wire.NextTokens) -> wire.NextTokenView:
+    """The text's tokens and the model's likeliest next tokens after it, the text read raw (`ChatTemplate.plain`)."""
+    prompt = loaded.chat_template.plain(question.text)
+    checked_ids(loaded, prompt.ids, "text")
+    shift = len(prompt.text) - len(question.text)  # the BOS the model puts in front is no character of the text
+    tokenizer = loaded.tokenizer
+    return wire.NextTokenView(
+        request_id=question.request_id,
+        ids=prompt.ids,
+        tokens=[tokenizer.token_text(i) for i in prompt.ids],
+        pieces=[tokenizer.pieces[i] for i in prompt.ids],
+        spans=[(max(0, a - shift), max(0, b - shift)) for a, b in prompt.spans],
+        likely=[
+            wire.Likely(token_id=i, token=tokenizer.token_text(i), prob=p)
+            for i, p in what_if.likeliest(loaded.model, prompt.ids, NEXT_TOKENS)
+        ],
+        tokenizer=tokenizer.kind,
+    )
+
+
 def checked_ids(loaded: LoadedModel, ids: list[int], name: str, at_least: int = 1, before: int = 0) -> list[int]:
     """Token ids from a question: at least `at_least` ids of this vocabulary that fit the context after `before`
     others; InvalidRequestError naming the field otherwise."""
@@ -127,6 +150,7 @@ HANDLERS: dict[type[wire.OneShot], Handler] = {
     wire.Inspect: Handler(inspect, needs_model=True),
     wire.PromptAttention: Handler(prompt_attention, needs_model=True),
     wire.Resample: Handler(resample, needs_model=True),
+    wire.NextTokens: Handler(next_tokens, needs_model=True),
 }
 
 

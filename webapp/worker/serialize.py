@@ -96,6 +96,8 @@ def context(event: trace.ContextBuilt, tokenizer: Tokenizer) -> wire.ContextBuil
         dim=event.dim,
         ffn_dim=event.ffn_dim,
         vocab_size=event.vocab_size,
+        layer_windows=event.layer_windows,
+        local_rope_base=event.local_rope_base,
     )
 
 

@@ -171,6 +171,8 @@ class ContextBuilt(Event, tag="context"):
     dim: int = 0  # 0: a recording made before the event carried the model's width
     ffn_dim: int = 0
     vocab_size: int = 0
+    layer_windows: list[int] = []  # empty: every layer sees every position (or a recording from before windows)
+    local_rope_base: float = 0.0
 
 
 class BatchStep(Event, tag="batch"):
@@ -300,6 +302,13 @@ class Merges(Question, tag="merges"):
     text: str
 
 
+class NextTokens(Question, tag="next_tokens"):
+    """`text` as the model reads it raw (its BOS where its file asks) and its likeliest next tokens: one side of the
+    page's comparison of two models."""
+
+    text: str
+
+
 class Cancel(Request, tag="cancel"):
     pass
 
@@ -308,7 +317,7 @@ class Next(Request, tag="next"):
     pass
 
 
-OneShot = Tokenize | Detokenize | Inspect | PromptAttention | Resample | Merges
+OneShot = Tokenize | Detokenize | Inspect | PromptAttention | Resample | Merges | NextTokens
 AnyRequest = Generate | OneShot | Cancel | Next
 
 
@@ -405,6 +414,21 @@ class MergeSteps(Reply, tag="merges"):
     pieces: list[PieceMerges]
 
 
+class Likely(Wire):
+    token_id: int
+    token: str  # what it spells (control tokens by name)
+    prob: float
+
+
+class NextTokenView(Reply, tag="next_tokens"):
+    ids: list[int]  # the text's tokens, with the BOS the model puts first where its file asks
+    tokens: list[str]  # what each spells
+    pieces: list[str]  # each as the vocabulary writes it ("▁the", "Ġthe", "<0xF0>")
+    spans: list[tuple[int, int]]  # each one's characters in the text (a BOS: (0, 0))
+    likely: list[Likely]  # the likeliest next tokens, best first
+    tokenizer: str
+
+
 AnyReply = (
     Queued
     | Waiting
@@ -418,6 +442,7 @@ AnyReply = (
     | PromptAttentionMatrix
     | Resampled
     | MergeSteps
+    | NextTokenView
 )
 
 
