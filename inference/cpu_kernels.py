@@ -218,9 +218,13 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     return torch.cat([nibbles, halves(scales), halves(minimums)], dim=-1).contiguous()
 
 
+def q8_fast() -> bool:
+    """Whether q8_mm has its fast path here: AVX512-VNNI (elsewhere it is a plain loop, for tests)."""
+    return (loaded_isa() or "").startswith("avx512")
+
+
 def q8_supported(n: int, k: int) -> bool:
-    """q8_mm has a fast path only with AVX512-VNNI (elsewhere a plain loop, for tests)."""
-    return q4_supported(n, k) and (loaded_isa() or "").startswith("avx512")
+    return q4_supported(n, k) and q8_fast()
 
 
 def q8_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:

@@ -29,6 +29,10 @@ _TOKENIZER_ARRAYS = (
 TOKENIZER_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece-style (scores, byte fallback)"}
 
 
+Q = GGMLQuantizationType
+WIDE_BLOCKS = frozenset((Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q5_K, Q.Q6_K))
+
+
 @dataclass(frozen=True)
 class TokenizerData:
     """The vocabulary as the GGUF stores it; `token_types` uses llama.cpp's codes (3 = control, 4 = user-defined,
@@ -152,6 +156,10 @@ class GGUFFile:
         codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, k)
         return codes, scales, minimums
 
+    def has_wide_blocks(self) -> bool:
+        """Whether any tensor is in a 5- to 8-bit block type (`byte_blocks` reads them)."""
+        return any(t.tensor_type in WIDE_BLOCKS for t in self._tensors.values())
+
     def byte_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
         """A 5- to 8-bit tensor as codes of up to 8 bits with a scale and a minimum per 32 weights (codes uint8
         [N, K], scales and minimums float32 [N, K/32], w = code * scale + minimum) and whether that is the file's
@@ -159,7 +167,6 @@ class GGUFFile:
         Q6_K's two scales per 32 weights re-rounded to one 8-bit grid (within a quarter of its step). None for other
         types."""
         kind = self._tensor(name).tensor_type
-        Q = GGMLQuantizationType
         if kind == Q.Q8_0:
             q8 = self.q8_blocks(name)
             assert q8 is not None

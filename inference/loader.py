@@ -138,11 +138,15 @@ def load_model(
     gguf = None if meta is not None else _read(path, report)
     if meta is None:
         assert gguf is not None
-        meta = {"metadata": to_plain(gguf.metadata), "tokenizer": gguf.tokenizer_data().__dict__}
+        meta = {
+            "metadata": to_plain(gguf.metadata),
+            "tokenizer": gguf.tokenizer_data().__dict__,
+            "wide_blocks": gguf.has_wide_blocks(),
+        }
     tok_data = TokenizerData(**meta["tokenizer"])
     config = ModelConfig.from_gguf_metadata(meta["metadata"], path, len(tok_data.tokens))
     target = pick_device(settings.device)
-    plan, kernels = _choose_weights(path, config, target, settings, report)
+    plan, kernels = _choose_weights(path, config, target, settings, report, bool(meta["wide_blocks"]))
     state = weights_cache.load_weights(cache, path, plan.key) if cache else None
     if state is not None:
         report(LoadProgress("cache", 1, 1, f"{plan.describe()} weights from cache"))
@@ -181,9 +185,15 @@ def _read(path: str, report: ProgressCallback) -> GGUFFile:
 
 
 def _choose_weights(
-    path: str, config: ModelConfig, target: torch.device, settings: LoadConfig, report: ProgressCallback
+    path: str,
+    config: ModelConfig,
+    target: torch.device,
+    settings: LoadConfig,
+    report: ProgressCallback,
+    wide_blocks: bool,
 ) -> tuple[WeightPlan, weight_choice.Kernels | None]:
-    """Our CPU kernels loaded (built the first time) on a CPU, then the weight format chosen (see `weight_choice`)."""
+    """Our CPU kernels loaded (built the first time) on a CPU, then the weight format chosen (see `weight_choice`;
+    `wide_blocks`: the file holds 5- to 8-bit blocks)."""
 
     def note(text: str) -> None:
         report(LoadProgress("kernels", 0, 1, text))
@@ -199,6 +209,7 @@ def _choose_weights(
             settings.cache_dir if settings.use_cache else None,
             note,
             compiled_gemm=settings.int4_gemm != "off",
+            wide_blocks=wide_blocks,
         )
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None

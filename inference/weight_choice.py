@@ -159,10 +159,29 @@ def choose(
     cache_dir: Path | None = None,
     report: Callable[[str], None] = lambda note: None,
     compiled_gemm: bool = True,
+    wide_blocks: bool = False,
 ) -> tuple[WeightPlan, Kernels | None]:
     """The plan for this model on this device — the setting's, else remembered (in `cache_dir`), else measured
     (and remembered) — and the compiled int4 GEMM kernels when the plan uses them (never unless `compiled_gemm`).
-    Our int4 x int8 kernel is a candidate when our CPU kernels are loaded (`inference.cpu_kernels`)."""
+    Our int4 x int8 kernel is a candidate when our CPU kernels are loaded (`inference.cpu_kernels`).
+
+    `wide_blocks`: the file holds 5- to 8-bit blocks (a K-quant file's Q5_0, Q6_K, Q8_0...). Only our kernels run
+    those as they are (`q8_mm`); torch's int4 kernels would round them to 4 bits, which moved Gemma 3's greedy text
+    off llama.cpp's within a few tokens. So an int4 plan takes our kernels for such a file whatever the timing."""
+    plan, kernels = _choose(config, device, setting, cache_dir, report, compiled_gemm)
+    if wide_blocks and plan.uses(WeightFormat.INT4) and not plan.q8 and cpu_kernels.q8_fast():
+        return WeightPlan(plan.decode, plan.prefill, plan.max_decode_rows, q8=True), None
+    return plan, kernels
+
+
+def _choose(
+    config: ModelConfig,
+    device: torch.device,
+    setting: str,
+    cache_dir: Path | None,
+    report: Callable[[str], None],
+    compiled_gemm: bool,
+) -> tuple[WeightPlan, Kernels | None]:
     plan = parse(setting, device)
     if device.type != "cpu":
         return plan or WeightPlan(WeightFormat.BF16), None

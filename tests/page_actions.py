@@ -24,6 +24,16 @@ FLAGS = [
 ]
 
 
+# What the pipeline tests want of the page: the pipeline open with every "More" part of the forward pass, answers
+# shown as their exact tokens, greedy sampling. A visitor's first visit has none of these (`chat_page`).
+STUDENT = {
+    "pipeline": "open",
+    "answer-view": "tokens",
+    "greedy": "yes",
+    **{f"more.{part}": "open" for part in ("cache", "attention", "halves", "server")},
+}
+
+
 def settings(page: Any, **fields: str) -> None:
     """Set the page's fields by id (the settings sit in a drawer on narrow screens), as a change would."""
     page.evaluate(

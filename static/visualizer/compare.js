@@ -83,13 +83,11 @@ function nextTokens(a, b) {
   }
   const ordered = [...rows.values()].sort((x, y) => Math.max(y.a ?? 0, y.b ?? 0) - Math.max(x.a ?? 0, x.b ?? 0));
   table.querySelector('[data-field="rows"]').replaceChildren(
-    ...ordered.map((row) =>
-      el("tr", { class: row.a !== undefined && row.b !== undefined ? "both" : "" }, ...[
-        el("th", { scope: "row" }, visible(row.token)),
-        cell(row.a),
-        cell(row.b),
-      ]),
-    ),
+    ...ordered.map((row) => {
+      const tr = el("tr", { class: row.a !== undefined && row.b !== undefined ? "both" : "" });
+      tr.append(el("th", { scope: "row" }, visible(row.token)), cell(row.a), cell(row.b));
+      return tr;
+    }),
   );
 }
 

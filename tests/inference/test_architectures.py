@@ -118,8 +118,8 @@ def test_a_sliding_window_layer_does_not_see_past_its_window(tmp_path: Path, ker
 
 @pytest.mark.parametrize("block", [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0])
 def test_quantized_rows_give_the_same_bits_in_any_batch(tmp_path: Path, block: GGMLQuantizationType) -> None:
-    """A Gemma file of 8- and 5-bit blocks runs them as they are (`Int8Q8`), and a sequence decoded beside others or
-    after a chunked prompt gets exactly the logits it gets alone."""
+    """A Gemma file of 8- and 5-bit blocks runs them as they are (`Int8Q8`, whatever torch's int4 kernels measure),
+    and a sequence decoded beside others or after a chunked prompt gets exactly the logits it gets alone."""
     spec = TinySpec(**{**ARCHITECTURES["gemma3"], "dim": 128, "ffn_dim": 128, "head_dim": 64}, linear_type=block)
     model = load_model(str(write_tiny_gguf(tmp_path / "q.gguf", spec)), cpu(weights="int4")).model
     assert model.blk[0].attn_qkv.__class__.__name__ == "Int8Q8"

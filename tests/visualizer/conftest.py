@@ -17,7 +17,7 @@ from django.test import override_settings
 from inprocess import worker_ready
 from load_settings import CPU
 from loops import run_async
-from page_actions import chromium, open_page
+from page_actions import STUDENT, chromium, open_page
 
 from visualizer.routing import websocket_urlpatterns
 from webapp.catalog import ModelRoute
@@ -36,17 +36,6 @@ def browser(daphne_server: Any) -> Iterator[Any]:
     While that loop runs, Django takes the tests' own ORM calls for async ones; they are not, so its check is
     off for exactly that time, and never in a server's environment (`servers.server_env`)."""
     yield from chromium()
-
-
-# What the pipeline tests want of the page: the pipeline open with every "More" part of the forward pass, answers
-# shown as their exact tokens, greedy sampling.
-# A visitor's first visit has none of these (`chat_page`).
-STUDENT = {
-    "pipeline": "open",
-    "answer-view": "tokens",
-    "greedy": "yes",
-    **{f"more.{part}": "open" for part in ("cache", "attention", "halves", "server")},
-}
 
 
 @pytest.fixture

@@ -8,12 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from page_actions import answer, ask, chromium, open_page, wait_done
+from page_actions import STUDENT, answer, ask, chromium, open_page, wait_done
 from servers import free_port, manage, server_env, start, stop, wait_ready
 
 pytestmark = pytest.mark.live
-
-STUDENT = {"pipeline": "open", "answer-view": "tokens", "greedy": "yes"}
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +90,7 @@ def test_gemma_completes_text_with_every_stage_filled(page: Any, screenshot: Any
             layer,
         )
         assert seen in page.inner_text('#stage-forward [data-field="layer-label"]')
-    assert page.inner_text("#stage-sampling .bar.chosen .tok").strip() == "the"
+    assert page.inner_text("#stage-sampling .bar.chosen .tok") == "·the"  # a space shown as ·
     for cell in ("ttft-client", "ttft-server", "itl-client", "itl-server"):
         assert page.inner_text(f'#stage-latency [data-field="{cell}"]').endswith("ms")
     for stage in ("tokens", "forward", "sampling"):
@@ -122,7 +120,11 @@ def test_the_comparison_shows_both_tokenizations_and_both_distributions(
     assert "both cut the text at 5 of 5 places" in page.inner_text("#compare-tokens")
     rows = page.locator("#compare-next tbody tr")
     assert rows.count() >= 10
-    assert page.locator("#compare-next tbody tr.both").count() >= 1  # a next token both models rank
+    both = page.locator("#compare-next tbody tr.both")
+    assert both.count() >= 1  # a next token both models rank, with both probabilities
+    assert both.first.locator("td").all_inner_texts()[0].endswith("%")
+    assert both.first.locator("td").all_inner_texts()[1].endswith("%")
+    assert "·the" in page.locator("#compare-next tbody th").all_inner_texts()  # Gemma's likeliest, as in the chat
     screenshot(page, "compare-two-models")
     page.set_viewport_size({"width": 390, "height": 900})
     screenshot(page, "compare-two-models-390")
