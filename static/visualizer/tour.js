@@ -19,6 +19,10 @@ const STEPS = [
     say: (run) => {
       const r = run.request;
       const settings = Object.entries(r.params).map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ") || "the default settings";
+      if (r.prompt !== undefined) {
+        return `Your browser packed your text (to be continued as it is, with no chat around it) and the settings (${settings}) ` +
+          "into one JSON message and sent it to the server over a WebSocket. Nothing has been computed yet: so far this is just text with labels.";
+      }
       const earlier = r.messages.filter((m) => m.role !== "system").length - 1;
       const parts = [
         "your question",
@@ -58,6 +62,13 @@ const STEPS = [
     ready: (run) => run.context,
     say: (run) => {
       const c = run.context;
+      if (run.request.prompt !== undefined) {
+        const text = c.segments.find((segment) => segment.kind === "message");
+        const extra = c.prompt_tokens - (text ? text.token_end - text.token_start : c.prompt_tokens);
+        return `Your text goes in as it is, with no chat template${extra > 0 ? `, after ${extra === 1 ? "the start-of-text token its model's file asks for" : `${extra} tokens its model's file puts first`}` : ""}: ` +
+          `the model reads ${c.prompt_tokens} tokens in a row, each at its position 0, 1, 2, … The order is all the model knows about where a word stands. ` +
+          `Up to ${c.context_length.toLocaleString()} positions fit (its context window); ${c.max_tokens} are kept free for the continuation.`;
+      }
       return "Your question does not travel alone: a chat template wraps the system prompt, any earlier turns and your " +
         `message in markers, so the model reads ${c.prompt_tokens} tokens in a row, each at its position 0, 1, 2, … ` +
         `The order is all the model knows about where a word stands. Up to ${c.context_length.toLocaleString()} positions fit ` +

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from page_actions import STUDENT, answer, ask, chromium, open_page, wait_done
+from page_actions import STUDENT, answer, ask, chromium, open_page, wait_done, walk_the_tour
 from servers import free_port, manage, server_env, start, stop, wait_ready
 
 pytestmark = pytest.mark.live
@@ -129,3 +129,20 @@ def test_the_comparison_shows_both_tokenizations_and_both_distributions(
     page.set_viewport_size({"width": 390, "height": 900})
     screenshot(page, "compare-two-models-390")
     context.close()
+
+
+def test_the_guided_tour_runs_on_gemma(page: Any, screenshot: Any) -> None:
+    """The tour's question goes to Gemma as text to complete; every stage is narrated with Gemma's own numbers."""
+    page.select_option("#model", "gemma3-270m")
+    page.wait_for_function("document.getElementById('mode').value === 'complete'")
+    page.fill("#max_tokens", "8")
+    page.click("#tour-start")
+    said = walk_the_tour(page)
+    wait_done(page)
+    assert len(said) == 9
+    assert "[3689, 236789, 236751, 506, 5279, 529, 4673, 236881]" in said[2]  # llama.cpp's ids for the question
+    assert "your text (to be continued as it is" in said[0] and "system prompt" not in said[0]
+    assert "no chat template, after the start-of-text token" in said[3] and "reads 9 tokens" in said[3]
+    assert "all 18 layers" in said[4]
+    assert "Time to first token" in said[-1]
+    screenshot(page, "gemma-tour-end")
