@@ -160,16 +160,20 @@ export class AttentionView {
     const rows = [...Array(promptRows).keys()].map((p) => positionLabel(run, p)).concat(fed.map((f) => positionLabel(run, queryPosition(f))));
     const cols = positions.map((p) => positionLabel(run, p));
     this.matrixRows = rows.map((label) => label.position);
+    const window = run.context?.layer_windows?.[layer] ?? 0; // 0: this layer sees every earlier position
+    const outside = (r, c) => window > 0 && positions[c] <= rows[r].position - window;
     this.matrix.draw({
       rows,
       cols,
       cell: (r, c) => {
+        if (outside(r, c)) return null;
         if (r < promptRows) return positions[c] <= r ? attentionCell(full, head, r, positions[c]) : null; // [heads, T, T]
         const i = index[r - promptRows].get(positions[c]);
         return i === undefined ? null : attentionCell(fed[r - promptRows].detail.attention, layer, head, i);
       },
+      outside,
       describe: (r, c, cell) => `layer ${layer}, head ${head}: ${rows[r].title} → ${cols[c].title}: ` +
-        (cell ? `weight ${cell.weight.toFixed(4)}` : "not attended (a later position, or outside the positions sent)"),
+        (cell ? `weight ${cell.weight.toFixed(4)}` : outside(r, c) ? `outside this layer's window (it sees the last ${window} positions)` : "not attended (a later position, or outside the positions sent)"),
       corner: "key token \\ query token",
     });
   }

@@ -44,8 +44,9 @@ export class Heatmap {
   }
 
   // rows, cols: [{label, kind, title}]; cell(r, c): {shade in [0, 1], weight} or null (no such number);
-  // describe(r, c, cell): the sentence for one cell; corner: the table's first header (what a table row is).
-  draw({ rows, cols, cell, describe, corner }) {
+  // describe(r, c, cell): the sentence for one cell; corner: the table's first header (what a table row is);
+  // outside(r, c): the cell is one the row could not see (a sliding window's past), drawn striped.
+  draw({ rows, cols, cell, describe, corner, outside = null }) {
     this.spec = { rows, cols, cell, describe };
     const width = (this.scroll.clientWidth || FALLBACK_WIDTH) - (this.rowLabels.offsetWidth || 96);
     const colW = Math.max(MIN_COL, Math.min(MAX_COL, Math.floor(width / Math.max(1, cols.length))));
@@ -63,6 +64,7 @@ export class Heatmap {
         numbers[c].push(value?.weight ?? null);
         ctx.fillStyle = value ? shadeColour(value.shade) : "#334155";
         ctx.fillRect(c * colW, r * ROW_H, colW - 1, ROW_H - 1);
+        if (!value && outside?.(r, c)) stripe(ctx, c * colW, r * ROW_H, colW - 1, ROW_H - 1);
       }
     }
     this.rowLabels.replaceChildren(...rows.map((r) => label(r, "hm-row", `height:${ROW_H}px`)));
@@ -108,6 +110,22 @@ export class Heatmap {
     this.tip.textContent = describe(r, c, cell(r, c));
     return true;
   }
+}
+
+// Diagonal stripes over a cell: a position outside the row's window.
+function stripe(ctx, x, y, w, h) {
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(x, y, w, h);
+  ctx.clip();
+  ctx.strokeStyle = "#94a3b8";
+  ctx.lineWidth = 2;
+  for (let d = -h; d < w; d += 6) {
+    ctx.moveTo(x + d, y + h);
+    ctx.lineTo(x + d + h, y);
+  }
+  ctx.stroke();
+  ctx.restore();
 }
 
 function label({ label: text, kind, title }, cls, style) {

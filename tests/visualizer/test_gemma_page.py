@@ -4,6 +4,7 @@ own numbers, "complete this text" chosen for it, every stage filled, the sliding
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,8 @@ from page_actions import STUDENT, answer, ask, chromium, open_page, wait_done, w
 from servers import free_port, manage, server_env, start, stop, wait_ready
 
 pytestmark = pytest.mark.live
+
+LABEL = '#stage-forward [data-field="layer-label"]'
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +149,28 @@ def test_the_guided_tour_runs_on_gemma(page: Any, screenshot: Any) -> None:
     assert "all 18 layers" in said[4]
     assert "Time to first token" in said[-1]
     screenshot(page, "gemma-tour-end")
+
+
+def test_the_attention_matrix_stripes_what_a_local_layer_cannot_see(page: Any, screenshot: Any) -> None:
+    """A prompt longer than Gemma's 512-token window: in a local layer the first answer token's row is striped over
+    the positions it no longer sees, and a global layer's is not."""
+    page.fill("#max_tokens", "2")
+    ask(page, "one two three four five six seven eight nine ten " * 60, level="full", model="gemma3-270m")
+    wait_done(page)
+
+    def first_cell(layer: int) -> str:
+        page.evaluate(
+            """(layer) => { const pick = document.querySelector('#stage-forward [data-field="layer-pick"]');
+                 pick.value = String(layer); pick.dispatchEvent(new Event("input")); }""",
+            layer,
+        )
+        canvas = page.locator('#stage-forward [data-field="matrix"] canvas')
+        canvas.focus()
+        canvas.press("Home")
+        return page.locator('#stage-forward [data-field="matrix"] .hm-tip').inner_text()
+
+    assert "outside this layer's window (it sees the last 512 positions)" in first_cell(0)
+    assert "weight" in first_cell(5)
+    first_cell(0)
+    assert re.search(r"local layer: sees the last 512 tokens \(positions \d+–\d+\)", page.inner_text(LABEL))
+    screenshot(page.locator('#stage-forward [data-field="matrix"]'), "gemma-window-matrix")
