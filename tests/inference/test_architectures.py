@@ -15,6 +15,7 @@ from load_settings import cpu
 from naive_transformer import file_weights, kv_rounding, naive_logits
 from tiny_gguf import TinySpec, write_tiny_gguf
 
+from inference import what_if
 from inference.batch import Chunk
 from inference.errors import ModelFileError
 from inference.loader import LoadedModel, load_model
@@ -144,3 +145,25 @@ def test_a_missing_family_tensor_is_named(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "g.gguf", spec)
     with pytest.raises(ModelFileError, match=r"blk\.2\.post_ffw_norm\.weight"):
         load_model(str(path), cpu())
+
+
+def test_the_probe_and_the_what_if_tools_see_what_each_architecture_computes(loaded: LoadedModel) -> None:
+    """The full-level detail recomputed for a position (attention, logit lens, neurons) and a layer's prompt
+    attention matrix, on every family: a local layer's weights are zero outside its window, each row sums to 1, and
+    the last layer's lens is the model's own prediction."""
+    model, config = loaded.model, loaded.config
+    detail = what_if.inspect(model, IDS)
+    attention = torch.from_numpy(detail.attention.astype("float32"))  # [L, H, S]
+    assert tuple(attention.shape) == (config.n_layers, config.n_heads, len(IDS))
+    assert torch.allclose(attention.sum(-1), torch.ones(config.n_layers, config.n_heads), atol=1e-2)
+    for layer in range(config.n_layers):
+        first = len(IDS) - config.window(layer) if config.window(layer) else 0
+        assert float(attention[layer, :, :first].abs().sum()) == 0.0
+    assert detail.logit_lens[-1].token_id == int(_all_logits(model, IDS)[-1].argmax())
+    assert len(detail.top_neurons) == config.n_layers
+    for layer in range(config.n_layers):
+        matrix = what_if.prompt_attention(model, IDS, layer)  # [H, T, T]
+        window = config.window(layer)
+        for row in range(len(IDS)):
+            seen = range(max(0, row + 1 - window) if window else 0, row + 1)
+            assert float(matrix[:, row, [p for p in range(len(IDS)) if p not in seen]].abs().sum()) == 0.0
