@@ -8,6 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2 as httpx
@@ -113,3 +116,30 @@ def clear_of_minute_edge(margin: float = 15.0) -> None:
     left = 60 - time.time() % 60
     if left < margin:
         time.sleep(left + 0.5)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    url: str
+    key: str  # an unlimited API key
+    db: Path
+    pid: int
+
+
+@contextmanager
+def default_deployment(workdir: Path) -> Iterator[Deployment]:
+    """`manage.py serve` as `make run` starts it: both default models (SmolLM2 and Gemma 3 270M) in the format a user
+    gets (`ROUNDTRIP_WEIGHTS=auto`), with an unlimited key."""
+    db = workdir / "db.sqlite3"
+    env = {**server_env(), "ROUNDTRIP_SQLITE_PATH": str(db), "ROUNDTRIP_GEMMA": "1", "ROUNDTRIP_WEIGHTS": "auto"}
+    manage(env, "migrate", "--noinput")
+    key = manage(env, "createapikey", "tests", "--rpm", "0", "--tpm", "0", "--concurrent", "0").strip().split()[-1]
+    port = free_port()
+    log = workdir / "server.log"
+    process = start(env, log, "serve", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, [process], [log], timeout=300)
+        yield Deployment(url, key, db, process.pid)
+    finally:
+        stop([process])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from page_actions import STUDENT, answer, ask, chromium, open_page, wait_done, walk_the_tour
-from servers import free_port, manage, server_env, start, stop, wait_ready
+from servers import default_deployment
 
 pytestmark = pytest.mark.live
 
@@ -19,23 +19,8 @@ LABEL = '#stage-forward [data-field="layer-label"]'
 
 @pytest.fixture(scope="module")
 def gemma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir = tmp_path_factory.mktemp("gemma-page")
-    env = {
-        **server_env(),
-        "ROUNDTRIP_SQLITE_PATH": str(workdir / "db.sqlite3"),
-        "ROUNDTRIP_GEMMA": "1",
-        "ROUNDTRIP_WEIGHTS": "auto",  # as a user gets them
-    }
-    manage(env, "migrate", "--noinput")
-    port = free_port()
-    log = workdir / "server.log"
-    process = start(env, log, "serve", "--port", str(port))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, [process], [log], timeout=300)
-        yield url
-    finally:
-        stop([process])
+    with default_deployment(tmp_path_factory.mktemp("gemma-page")) as deployment:
+        yield deployment.url
 
 
 @pytest.fixture(scope="module")

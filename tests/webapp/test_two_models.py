@@ -13,7 +13,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from loops import run_async
-from servers import free_port, manage, server_env, start, stop, wait_ready
+from servers import Deployment, default_deployment
 
 pytestmark = pytest.mark.live  # starts a server of its own
 
@@ -21,36 +21,23 @@ REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "llam
 
 
 @pytest.fixture(scope="module")
-def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path, int]]:
-    """The default models in the format a user gets (ROUNDTRIP_WEIGHTS=auto), as `make run` serves them."""
-    workdir = tmp_path_factory.mktemp("two-models")
-    db = workdir / "db.sqlite3"
-    env = {**server_env(), "ROUNDTRIP_SQLITE_PATH": str(db), "ROUNDTRIP_GEMMA": "1", "ROUNDTRIP_WEIGHTS": "auto"}
-    manage(env, "migrate", "--noinput")
-    key = manage(env, "createapikey", "two", "--rpm", "0", "--tpm", "0", "--concurrent", "0").strip().split()[-1]
-    port = free_port()
-    log = workdir / "server.log"
-    process = start(env, log, "serve", "--port", str(port))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, [process], [log], timeout=300)
-        yield url, key, db, process.pid
-    finally:
-        stop([process])
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    with default_deployment(tmp_path_factory.mktemp("two-models")) as deployment:
+        yield deployment
 
 
-def test_both_models_are_listed_and_ready(default_server: tuple[str, str, Path, int]) -> None:
-    url, key, _, _ = default_server
+def test_both_models_are_listed_and_ready(default_server: Deployment) -> None:
+    url, key = default_server.url, default_server.key
     listed = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
     assert {m["id"] for m in listed["data"]} >= {"smollm2-135m-instruct", "gemma3-270m"}
     health = httpx.get(f"{url}/health").json()
     assert health["models"]["gemma3-270m"]["state"] == "ready"
 
 
-def test_both_answer_at_once_as_each_answers_alone(default_server: tuple[str, str, Path, int]) -> None:
+def test_both_answer_at_once_as_each_answers_alone(default_server: Deployment) -> None:
     """A Gemma completion (greedy: llama.cpp's first tokens on the shared reference) and a SmolLM2 chat, streamed at
     the same time; each leaves a usage row naming its model."""
-    url, key, db, _ = default_server
+    url, key, db = default_server.url, default_server.key, default_server.db
     case = json.loads(REFERENCE.read_text())["greedy"][0]  # "The capital of India is"
     gemma = {"model": "gemma", "prompt": case["prompt"], "max_tokens": 8, "temperature": 0, "stream": True}
     smollm2 = {
@@ -88,9 +75,9 @@ def test_both_answer_at_once_as_each_answers_alone(default_server: tuple[str, st
     assert {"gemma3-270m", "smollm2-135m-instruct"} <= models
 
 
-def test_the_served_process_holds_both_models_in_bounded_memory(default_server: tuple[str, str, Path, int]) -> None:
+def test_the_served_process_holds_both_models_in_bounded_memory(default_server: Deployment) -> None:
     """Peak resident memory of the one process serving both (weights 116 MB + 395 MB, KV caches, the web side)."""
-    _, _, _, pid = default_server
+    pid = default_server.pid
     status = Path(f"/proc/{pid}/status").read_text()
     peak_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
     print(f"served RSS peak with both models: {peak_kb / 1024:.0f} MB")
