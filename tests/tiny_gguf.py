@@ -37,6 +37,7 @@ class TinySpec:
     architecture: str = "llama"
     chat_template: str | None = CHATML_TEMPLATE
     tokenizer_pre: str = "smollm"
+    tokenizer_model: str = "gpt2"
     omit_tensors: list[str] = field(default_factory=list)
     seed: int = 0
     head_dim: int | None = None  # written as `attention.key_length` when set (else dim / n_heads)
@@ -97,7 +98,7 @@ def write_tiny_gguf(path: Path, spec: TinySpec | None = None) -> Path:
         writer.add_rope_scaling_factor(s.rope_scaling)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model(s.tokenizer_model)
     writer.add_tokenizer_pre(s.tokenizer_pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)

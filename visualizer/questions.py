@@ -61,9 +61,9 @@ async def merges(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
 
     async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
         asked: MergesFrame = parse(MergesFrame, frame)
-        pieces = await client.merges(route, asked.text)
-        turn.usage.prompt_tokens = sum(len(p.ids) for p in pieces)
-        return {"type": "merges", "text": asked.text, "pieces": pieces}
+        steps = await client.merges(route, asked.text)
+        turn.usage.prompt_tokens = sum(len(p.ids) for p in steps.pieces)
+        return {"type": "merges", "text": asked.text, "pieces": steps.pieces, "tokenizer": steps.tokenizer}
 
     return await _ask(visitor, "ws.merges", frame.get("model"), work)
 

@@ -37,18 +37,24 @@ export class BpeView {
       return;
     }
     const symbols = (list) => list.map((s) => el("span", { class: "bpe-symbol" }, visible(s)));
+    // SentencePiece (Gemma) merges characters by the merged piece's score, spaces written "▁"; byte-level BPE merges
+    // bytes by rank in its table
+    const sentencepiece = frame.tokenizer === "SentencePiece";
     const rows = [];
     for (const piece of frame.pieces) {
-      const start = el("li", { class: "bpe-start" }, `“${visible(piece.text)}” starts as its ${piece.start.length} bytes: `);
+      const unit = sentencepiece ? "characters" : "bytes";
+      const start = el("li", { class: "bpe-start" }, `“${visible(piece.text)}” starts as its ${piece.start.length} ${unit}: `);
       start.append(...symbols(piece.start));
       rows.push(start);
       for (const merge of piece.merges) {
-        const row = el("li", {}, `merge ${merge.rank.toLocaleString()}: ${visible(merge.pair[0])} + ${visible(merge.pair[1])} → `);
+        const label = sentencepiece ? `best-scored pair (piece ${merge.rank})` : `merge ${merge.rank.toLocaleString()}`;
+        const row = el("li", {}, `${label}: ${visible(merge.pair[0])} + ${visible(merge.pair[1])} → `);
         row.append(...symbols(merge.symbols));
         rows.push(row);
       }
+      const end = sentencepiece ? "no two neighbours join into a piece of the vocabulary (a character none covers goes as its bytes)" : "no merge in the table joins what is left";
       rows.push(el("li", { class: "bpe-end", "data-ids": piece.ids.join(",") },
-        `no merge in the table joins what is left: ${piece.ids.length} token${piece.ids.length === 1 ? "" : "s"}, id${piece.ids.length === 1 ? "" : "s"} ${piece.ids.join(", ")}`));
+        `${end}: ${piece.ids.length} token${piece.ids.length === 1 ? "" : "s"}, id${piece.ids.length === 1 ? "" : "s"} ${piece.ids.join(", ")}`));
     }
     this.steps.replaceChildren(...rows);
   }

@@ -167,3 +167,16 @@ def test_the_probe_and_the_what_if_tools_see_what_each_architecture_computes(loa
         for row in range(len(IDS)):
             seen = range(max(0, row + 1 - window) if window else 0, row + 1)
             assert float(matrix[:, row, [p for p in range(len(IDS)) if p not in seen]].abs().sum()) == 0.0
+
+
+def test_an_unknown_tokenizer_model_is_a_clear_error_naming_it(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "bert.gguf", TinySpec(tokenizer_model="bert"))
+    with pytest.raises(ModelFileError, match=r"tokenizer model 'bert' is not supported; supported: 'gpt2'.*'llama'"):
+        load_model(str(path), cpu())
+
+
+def test_an_unsupported_tensor_type_is_a_clear_error_naming_the_tensor(tmp_path: Path) -> None:
+    """Q8_K is ggml's activation format, never a weight's: the gguf package cannot dequantize it, nor can we."""
+    path = write_tiny_gguf(tmp_path / "q8k.gguf", TinySpec(dim=256, ffn_dim=256, linear_type=GGMLQuantizationType.Q8_K))
+    with pytest.raises(ModelFileError, match=r"tensor 'blk\.0\.attn_q\.weight' uses Q8_K, which cannot be dequantized"):
+        load_model(str(path), cpu())

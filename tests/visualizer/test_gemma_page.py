@@ -81,6 +81,15 @@ def test_gemma_completes_text_with_every_stage_filled(page: Any, screenshot: Any
     assert page.inner_text("#stage-sampling .bar.chosen .tok") == "·the"  # a space shown as ·
     for cell in ("ttft-client", "ttft-server", "itl-client", "itl-server"):
         assert page.inner_text(f'#stage-latency [data-field="{cell}"]').endswith("ms")
+    # the tokenization stage's merges: SentencePiece's, over characters, its space written "▁"
+    page.click('#stage-tokens details[data-more="bpe"] summary')
+    page.fill('#stage-tokens [data-field="bpe-word"]', " capital🦙")
+    page.click('#stage-tokens [data-field="bpe-go"]')
+    page.wait_for_selector('#stage-tokens [data-field="bpe-steps"] .bpe-end')
+    steps = page.inner_text('#stage-tokens [data-field="bpe-steps"]')
+    assert "“▁capital🦙” starts as its 9 characters" in steps and "best-scored pair" in steps
+    end = page.locator('#stage-tokens [data-field="bpe-steps"] .bpe-end').get_attribute("data-ids")
+    assert end == "5279,478,397,404,391"  # "▁capital", then the llama's four UTF-8 bytes as byte-fallback tokens
     for stage in ("tokens", "forward", "sampling"):
         screenshot(page.locator(f"#stage-{stage}"), f"gemma-stage-{stage}")
     screenshot(page, "gemma-page")

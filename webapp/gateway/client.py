@@ -350,9 +350,9 @@ async def next_tokens(route: ModelRoute, text: str) -> wire.NextTokenView:
     return await _ask(route, wire.NextTokens, wire.NextTokenView, text=text)
 
 
-async def merges(route: ModelRoute, text: str) -> list[wire.PieceMerges]:
-    """The BPE merges that build the tokens of `text`, by the worker's tokenizer."""
-    return (await _ask(route, wire.Merges, wire.MergeSteps, text=text)).pieces
+async def merges(route: ModelRoute, text: str) -> wire.MergeSteps:
+    """The merges that build the tokens of `text`, by the worker's tokenizer."""
+    return await _ask(route, wire.Merges, wire.MergeSteps, text=text)
 
 
 async def inspect(route: ModelRoute, ids: list[int]) -> wire.LayerDetail:

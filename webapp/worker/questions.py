@@ -64,7 +64,7 @@ def merges(loaded: LoadedModel, question: wire.Merges) -> wire.MergeSteps:
         )
         for p in merge_steps(loaded.tokenizer, question.text)
     ]
-    return wire.MergeSteps(request_id=question.request_id, pieces=pieces)
+    return wire.MergeSteps(request_id=question.request_id, pieces=pieces, tokenizer=loaded.tokenizer.kind)
 
 
 def inspect(loaded: LoadedModel, question: wire.Inspect) -> wire.Inspection:

@@ -412,6 +412,7 @@ class PieceMerges(Wire):
 
 class MergeSteps(Reply, tag="merges"):
     pieces: list[PieceMerges]
+    tokenizer: str = "byte-level BPE"  # or "SentencePiece": merges by score over characters, not by rank over bytes
 
 
 class Likely(Wire):
