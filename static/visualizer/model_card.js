@@ -59,7 +59,14 @@ export class ModelCard {
     for (const feature of card.features) list.append(el("li", {}, feature));
   }
 
+  // The composer says what the mode does; a text to complete has no system prompt, so its field rests meanwhile.
   placeholder() {
-    this.prompt.placeholder = this.mode.value === "complete" ? "Write the start of a text; the model continues it…" : "Ask something and watch it travel…";
+    const complete = this.mode.value === "complete";
+    this.prompt.placeholder = complete ? "Write the start of a text; the model continues it…" : "Ask something and watch it travel…";
+    const system = document.getElementById("system");
+    if (system) {
+      system.disabled = complete;
+      system.title = complete ? "Not used when completing text: the text goes in as it is." : "";
+    }
   }
 }

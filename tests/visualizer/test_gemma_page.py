@@ -53,8 +53,10 @@ def test_the_model_card_names_gemmas_architecture_in_its_files_numbers(page: Any
     assert cells.count() == 18 and page.locator("#model-card .layer-cell.local").count() == 15
     assert cells.nth(3).get_attribute("title") == "layer 3: local attention, sees the last 512 tokens"
     assert page.input_value("#mode") == "complete"  # a base model: completing text is what it is for
+    assert page.is_disabled("#system")  # a text to complete has no system prompt
     page.select_option("#model", "smollm2-135m-instruct")
     page.wait_for_function("document.getElementById('mode').value === 'chat'")
+    assert page.is_enabled("#system")
     screenshot(page.locator("#settings"), "gemma-model-card")
 
 
