@@ -11,7 +11,9 @@ export function tokenAt(run, position) {
   if (!prompt) return null;
   if (position < prompt.ids.length) {
     const segment = run.context?.segments.find((s) => position >= s.token_start && position < s.token_end);
-    return { position, id: prompt.ids[position], text: prompt.tokens[position], kind: segment?.kind ?? "markup" };
+    // a SentencePiece vocabulary's own pieces say more than their text: "▁capital", a byte-fallback "<0xF0>"
+    const piece = prompt.tokenizer === "SentencePiece" ? prompt.pieces?.[position] : undefined;
+    return { position, id: prompt.ids[position], text: prompt.tokens[position], kind: segment?.kind ?? "markup", piece };
   }
   const sampled = run.steps.get(position - prompt.ids.length + 1)?.sampled;
   return sampled ? { position, id: sampled.token_id, text: sampled.token, kind: "answer" } : null;
@@ -32,6 +34,7 @@ export function tokenChip(token, { position = false, colour = `seg-${token.kind}
   const chip = el("span", { class: `chip ${colour}${isSpecial(token.text) ? " special" : ""}`, "data-id": String(token.id), "data-position": String(token.position) });
   // real spaces between the parts, so that copied or spoken text reads "19 ·India 3089" (the token's own spaces show as ·)
   if (position) chip.append(el("span", { class: "tok-pos", title: "position" }, String(token.position)), " ");
-  chip.append(el("span", { class: "tok-text" }, visible(token.text)), " ", el("span", { class: "tok-id", title: "token id" }, String(token.id)));
+  const text = el("span", { class: "tok-text", title: token.piece ? `the vocabulary's piece for “${visible(token.text)}”` : "" }, token.piece ?? visible(token.text));
+  chip.append(text, " ", el("span", { class: "tok-id", title: "token id" }, String(token.id)));
   return chip;
 }

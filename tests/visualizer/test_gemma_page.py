@@ -70,6 +70,8 @@ def test_gemma_completes_text_with_every_stage_filled(page: Any, screenshot: Any
     assert page.inner_text('#stage-request [data-field="api"]').startswith("POST /v1/completions")
     ids = page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => Number(n.dataset.id))")
     assert ids == [818, 5279, 529, 4673, 563]  # llama.cpp's ids for the text (its <bos> is markup in the context)
+    chips = page.locator("#stage-tokens .chip .tok-text").all_inner_texts()
+    assert chips == ["The", "▁capital", "▁of", "▁India", "▁is"]  # SentencePiece's own pieces
     assert page.locator("#stage-forward .layer").count() == 18
     assert "4 heads" in page.inner_text('#stage-forward [data-field="layer-label"]')
     windows = ((3, "local layer: sees the last 512 tokens (all"), (5, "global layer: sees every earlier token"))

@@ -76,6 +76,8 @@ def tokenized(event: trace.Tokenized, tokenizer: Tokenizer) -> wire.Tokenized:
         ids=list(event.ids),
         spans=[(a, b) for a, b in event.spans],
         tokens=[tokenizer.token_text(i) for i in event.ids],
+        pieces=[tokenizer.pieces[i] for i in event.ids],
+        tokenizer=tokenizer.kind,
     )
 
 

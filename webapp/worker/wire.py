@@ -154,6 +154,8 @@ class Tokenized(Event, tag="tokenized"):
     ids: list[int]
     spans: list[tuple[int, int]]
     tokens: list[str]
+    pieces: list[str] = []  # each as the vocabulary writes it ("▁capital", "<0xF0>"); empty in older recordings
+    tokenizer: str = ""  # "byte-level BPE" or "SentencePiece"
 
 
 class ContextBuilt(Event, tag="context"):
