@@ -242,6 +242,37 @@ def q8_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     return torch.cat([stream, halves(scales), halves(minimums)], dim=-1).contiguous()
 
 
+def q6_pack(codes: Tensor, scales: Tensor) -> Tensor:
+    """Q6_K's signed codes (int8 [N, K], q - 32) and its scale per 16 weights (float32 [N, K/16]) in q6_mm's layout:
+    uint8 [N/16, K/32, 704], per group of 32 the codes as q8_pack lays them, the scales of the first and the last 16
+    inputs (float32), and each output's code sums over those halves (int16)."""
+    n, k = codes.shape
+    nb, groups = n // BLOCK_N, k // GROUP
+    quads = codes.view(torch.uint8).view(nb, BLOCK_N, groups, 8, 4)  # [N/16, 16, K/32, quad, 4]
+    stream = quads.permute(0, 2, 3, 1, 4).reshape(nb, groups, 512)
+    halves = scales.view(n, groups, 2)  # [N, K/32, 2]: the first 16 inputs' scale, the last 16's
+    sums = codes.to(torch.int16).view(n, groups, 2, 16).sum(-1).to(torch.int16)  # [N, K/32, 2]
+
+    def per_block(values: Tensor) -> Tensor:
+        # [N, K/32] -> [N/16, K/32, 16 values] as bytes
+        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).contiguous().view(torch.uint8)
+
+    parts = [stream, per_block(halves[..., 0].float()), per_block(halves[..., 1].float())]
+    parts += [per_block(sums[..., 0]), per_block(sums[..., 1])]
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def q6_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
+    """q4_mm for Q6_K weights packed by `q6_pack`, exactly as the file holds them."""
+    y: Tensor = torch.ops.roundtrip.q6_mm(x, packed, out_features, parts)
+    return y
+
+
+def q6_mm_swiglu(gate_up: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
+    y: Tensor = torch.ops.roundtrip.q6_mm_swiglu(gate_up, packed, out_features, parts)
+    return y
+
+
 def q8_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
     """q4_mm for weights packed by `q8_pack`."""
     y: Tensor = torch.ops.roundtrip.q8_mm(x, packed, out_features, parts)

@@ -188,6 +188,25 @@ class GGUFFile:
             return (*self._codes(name, scales, low.astype(np.float32), bits=8, dense=dense, exact=False), False)
         return None
 
+    def q6_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A Q6_K tensor exactly: signed codes int8 [N, K] (q - 32) and a scale per 16 weights float32 [N, K/16]
+        (its super-block's float16 d times the sub-block's int8 scale, exact in float32), w = code * scale; None for
+        other types."""
+        if self._tensor(name).tensor_type != Q.Q6_K:
+            return None
+        raw = self._raw_blocks(name, 210)  # [N, K/256, 210]: ql[128], qh[64], 16 int8 scales, float16 d
+        d = raw[..., 208:210].copy().view(np.float16).astype(np.float32)  # [N, K/256, 1]
+        sc = raw[..., 192:208].copy().view(np.int8).astype(np.float32)  # [N, K/256, 16]
+        scales = (d * sc).reshape(raw.shape[0], -1)  # [N, K/16]
+        dense = self.dequantize(name)
+        n, k = dense.shape
+        groups = dense.reshape(n, k // 16, 16)
+        safe = np.where(scales == 0, 1, scales)[..., None]
+        codes = np.clip(np.rint(groups / safe), -32, 31)
+        if float(np.abs(codes * scales[..., None] - groups).max(initial=0)) > 1e-3 * float(np.abs(scales).max()) + 1e-6:
+            raise ModelFileError(self.path, f"tensor {name!r}: its blocks do not decode to its values")
+        return codes.astype(np.int8).reshape(n, k), scales
+
     def _raw_blocks(self, name: str, block_bytes: int) -> np.ndarray:
         """uint8 [N, K / block weights, block_bytes]."""
         tensor = self._tensor(name)

@@ -166,21 +166,25 @@ class WeightReader:
         self.gguf, self.plan, self.total, self.on_tensor = gguf, plan, total, on_tensor
         self.done = 0
 
-    def source(self, name: str, shape: tuple[int, ...]) -> tuple[Tensor, w.Q4Blocks | None]:
+    def source(self, name: str, shape: tuple[int, ...], alone: bool = False) -> tuple[Tensor, w.Blocks | None]:
         """A tensor's float32 values (`name`: without `.weight`, or ending in `.bias`), and its blocks when the plan's
-        4-bit format can use the file's own (4-bit ones; with our kernels, the 5- to 8-bit ones too, as bytes)."""
+        4-bit format can use the file's own (4-bit ones; with our kernels, the 5- to 8-bit ones too, as bytes, and
+        Q6_K exactly for a projection of its own (`alone`: fused with others, it takes their one byte grid))."""
         full = name if name.endswith(".bias") else f"{name}.weight"
-        blocks = None
+        blocks: w.Blocks | None = None
         if self.plan.uses(w.WeightFormat.INT4):
             raw = self.gguf.q4_blocks(full)
-            if raw is not None:
+            six = self.gguf.q6_blocks(full) if alone and self.plan.q8 and raw is None else None
+            if six is not None:
+                blocks = w.Q6Blocks(torch.from_numpy(six[0]), torch.from_numpy(six[1]))
+            elif raw is not None:
                 blocks = w.Q4Blocks(torch.from_numpy(raw[0]), torch.from_numpy(raw[1]), torch.from_numpy(raw[2]))
             elif self.plan.q8 and (wide := self.gguf.byte_blocks(full)) is not None:
                 codes, scales, minimums, _ = wide
                 blocks = w.Q4Blocks(
                     torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(minimums), bits=8
                 )
-        if blocks is not None and blocks.bits == 4:
+        if blocks is not None and (isinstance(blocks, w.Q6Blocks) or blocks.bits == 4):
             dense = blocks.dequantize()  # the file's own values
         else:
             dense = torch.from_numpy(self.gguf.dequantize(full))
@@ -199,11 +203,13 @@ class WeightReader:
     ) -> w.Projection:
         """One projection from one or more tensors stacked along the outputs (q, k and v; gate and up), each one's
         rows in `orders` (None: as stored)."""
-        parts = [self.source(n, s) for n, s in zip(names, shapes)]
+        parts = [self.source(n, s, alone=len(names) == 1) for n, s in zip(names, shapes)]
         if orders is not None:
             parts = [(d, b) if o is None else (d[o], b and b.rows(o)) for (d, b), o in zip(parts, orders)]
         dense = torch.cat([d for d, _ in parts])  # [sum of outputs, inputs]
-        found = [b for _, b in parts if b is not None]
+        if len(parts) == 1:
+            return self.plan.build(dense, parts[0][1])
+        found = [b for _, b in parts if isinstance(b, w.Q4Blocks)]
         return self.plan.build(dense, w.Q4Blocks.concat(found) if len(found) == len(parts) else None)
 
     def block(self, p: str, c: ModelConfig) -> BlockWeights:

@@ -39,12 +39,12 @@ from torch import Tensor
 from inference import cpu_kernels, int4_gemm
 from inference.config import ModelConfig
 from inference.weights import (
+    Blocks,
     Head,
     Int4,
     Int8,
     Int8Rows,
     Projection,
-    Q4Blocks,
     SizeDispatch,
     WeightFormat,
     build,
@@ -95,7 +95,7 @@ class WeightPlan:
             text += f", {self.prefill.value} above {self.max_decode_rows} rows"
         return text + (", head int8 rows" if self.decode.quantized else "")
 
-    def build(self, dense: Tensor, blocks: Q4Blocks | None = None) -> Projection:
+    def build(self, dense: Tensor, blocks: Blocks | None = None) -> Projection:
         """One weight in this plan: a 4-bit format falls back to int8 for shapes its kernel cannot take."""
         small = self._build_one(self.decode, dense, blocks)
         if self.prefill is None:
@@ -110,7 +110,7 @@ class WeightPlan:
         table = Int8Rows(*q8) if q8 is not None else Int8Rows.quantize(dense)
         return Head(self._build_one(self.decode, dense, None), table)
 
-    def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Q4Blocks | None) -> Projection:
+    def _build_one(self, fmt: WeightFormat, dense: Tensor, blocks: Blocks | None) -> Projection:
         if fmt is WeightFormat.INT4 and not supports_int4(*dense.shape):
             return Int8.quantize(dense)
         return build(fmt, dense, blocks, q8=self.q8)

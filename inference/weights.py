@@ -93,6 +93,24 @@ class Q4Blocks:
         return (groups * self.scales[..., None] + self.minimums[..., None]).reshape(n, k)
 
 
+@dataclass
+class Q6Blocks:
+    """A weight [N, K] as GGUF's Q6_K holds it: signed 6-bit codes and a scale per 16 weights, w = code * scale."""
+
+    codes: Tensor  # int8 [N, K], -32..31
+    scales: Tensor  # float32 [N, K / 16]
+
+    def rows(self, order: Tensor) -> Q6Blocks:
+        return Q6Blocks(self.codes[order], self.scales[order])
+
+    def dequantize(self) -> Tensor:
+        n, k = self.codes.shape
+        return (self.codes.view(n, k // 16, 16).float() * self.scales[..., None]).reshape(n, k)
+
+
+Blocks = Q4Blocks | Q6Blocks  # a file's own blocks, as a format may keep them
+
+
 class Projection(nn.Module, metaclass=ABCMeta):
     """y = x @ W.T for one weight [out_features, in_features]; x is [rows, in_features], cast to the format's
     compute dtype, and y comes back in it (adding it to a float32 residual stream promotes it for free)."""
@@ -299,6 +317,26 @@ class Int8Q8(Int4Q8):
         return {**super().state(), "kind": "int8q8"}
 
 
+class Int6Q8(Int4Q8):
+    """GGUF's Q6_K blocks exactly (a scale per 16 weights), in the layout of `cpu_kernels.q6_mm`."""
+
+    format = WeightFormat.INT8
+
+    @classmethod
+    def from_q6(cls, blocks: Q6Blocks) -> Int6Q8:
+        n, k = blocks.codes.shape
+        return cls(cpu_kernels.q6_pack(blocks.codes, blocks.scales), n, k)
+
+    def multiply(self, x: Tensor) -> Tensor:
+        return cpu_kernels.q6_mm(x, self.packed, self.out_features, self.activation_parts)
+
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        return cpu_kernels.q6_mm_swiglu(gate_up, self.packed, self.out_features, self.activation_parts)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "kind": "int6q8"}
+
+
 class Int8Rows(nn.Module):
     """A matrix kept for reading rows: 8-bit codes with a float32 scale per group of 32 (GGUF's Q8_0 layout,
     so a Q8_0 tensor is kept exactly)."""
@@ -381,24 +419,25 @@ class SizeDispatch(Projection):
         }
 
 
-def build(
-    fmt: WeightFormat, dense: Tensor | None = None, blocks: Q4Blocks | None = None, q8: bool = False
-) -> Projection:
+def build(fmt: WeightFormat, dense: Tensor | None = None, blocks: Blocks | None = None, q8: bool = False) -> Projection:
     """A projection in `fmt` from float32 values, or for int4 from Q4 blocks (the file's own, when it has them);
     `q8`: int4 in the layout of our int4 x int8 kernel (where it takes the shape) instead of torch's, and wider
-    blocks (a K-quant file's 5- to 8-bit ones) in its byte layout where our kernel runs them (else rounded to 4
-    bits)."""
+    blocks (a K-quant file's 5- to 8-bit ones, Q6_K's with its scale per 16) in its byte layouts where our kernel runs
+    them (else rounded to 4 bits)."""
+    if isinstance(blocks, Q6Blocks):  # Q6_K exactly through our kernel, else as values like any other
+        if fmt is WeightFormat.INT4 and q8 and cpu_kernels.q8_supported(*blocks.codes.shape):
+            return Int6Q8.from_q6(blocks)
+        dense, blocks = blocks.dequantize() if dense is None else dense, None
     if fmt is WeightFormat.INT4 and blocks is not None and blocks.bits > 4:
         if q8 and cpu_kernels.q8_supported(*blocks.codes.shape):
             return Int8Q8.from_blocks(blocks)
         blocks = None
     if fmt is WeightFormat.INT4:
-        if blocks is None:
-            assert dense is not None
-            blocks = Q4Blocks.quantize(dense)
-        if q8 and cpu_kernels.q4_supported(*blocks.codes.shape):
-            return Int4Q8.from_blocks(blocks)
-        return Int4.from_blocks(blocks)
+        four = Q4Blocks.quantize(dense) if blocks is None and dense is not None else blocks
+        assert four is not None
+        if q8 and cpu_kernels.q4_supported(*four.codes.shape):
+            return Int4Q8.from_blocks(four)
+        return Int4.from_blocks(four)
     if dense is None:
         assert blocks is not None
         dense = blocks.dequantize()
@@ -415,8 +454,8 @@ def restore(state: dict[str, Any]) -> Projection:
         return Int8(state["weight"], state["scales"])
     if kind == "int4":
         return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]))
-    if kind in ("int4q8", "int8q8"):
-        cls = Int4Q8 if kind == "int4q8" else Int8Q8
+    if kind in ("int4q8", "int8q8", "int6q8"):
+        cls = {"int4q8": Int4Q8, "int8q8": Int8Q8, "int6q8": Int6Q8}[kind]
         return cls(state["packed"], int(state["out_features"]), int(state["in_features"]))
     if kind == "head":
         return Head(restore(state["ranking"]), Int8Rows(state["codes"], state["scales"]))

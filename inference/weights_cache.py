@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-CACHE_FORMAT = 7  # bump when the stored layout changes (`ModelWeights.state`)
+CACHE_FORMAT = 8  # bump when the stored layout changes (`ModelWeights.state`)
 
 
 def entry_for(cache_dir: Path, model_path: str) -> Path:

@@ -23,6 +23,12 @@
 // input quad j, output n, byte b: code[k = 4 j + b]), then the 16 fp16 scales and 16 fp16 minimums. Its codes are
 // VPDPBUSD's bytes as they are (no nibbles to spread), so it has only the AVX512-VNNI path (and a plain loop elsewhere,
 // for tests: VPMADDUBSW's 16-bit sums would saturate on 8-bit codes).
+//
+// q6_mm runs GGUF's Q6_K exactly: a scale per 16 weights, w = scale * c with signed codes c = q - 32. Its layout per
+// group of 32 inputs: the 8 x 64 bytes of codes (int8, as q8_mm's), 16 float32 scales of the first 16 inputs, 16 of
+// the last 16 (d * sc: exact in float32), and per output the sums of its codes over each half (int16). VPDPBUSD wants
+// its unsigned operand from a register: each row's 4 activations are broadcast and offset by 128 into unsigned bytes,
+// and 128 x the code sums taken back, so each half's sum is the exact integer sum of code x activation.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -48,7 +54,7 @@ constexpr int64_t kGroup = 32;
 constexpr int64_t kBlockBytes = 4 * 64 + 2 * 32;
 // bytes of one group of a block of 16 outputs, and where its scales start, by code width
 template <int Bits>
-constexpr int64_t kGroupBytes = Bits == 4 ? kBlockBytes : 8 * 64 + 2 * 32;
+constexpr int64_t kGroupBytes = Bits == 4 ? kBlockBytes : Bits == 6 ? 8 * 64 + 2 * 64 + 2 * 32 : 8 * 64 + 2 * 32;
 template <int Bits>
 constexpr int64_t kCodeBytes = Bits == 4 ? 4 * 64 : 8 * 64;
 constexpr int64_t kVectors = kGroup / simd::kWidth;  // float vectors per group
@@ -102,10 +108,49 @@ void quantize_rows(const float* x, int64_t rows, int64_t K, int64_t parts, int8_
 
 constexpr int kMaxTile = 8;  // rows of codes per pass over a block of weights
 
-// MT rows of x times one block of 16 outputs: out[m, 0..15] for m < MT; codes of `Bits` bits (4: nibbles, 8: bytes).
+// MT rows of x times one block of 16 outputs of Q6_K (q6_mm's layout): out[m, 0..15] for m < MT.
+template <int MT>
+inline void six_tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, int64_t K, float* out, int64_t ldo) {
+  __m512 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* wg = w + g * kGroupBytes<6>;
+    const int8_t* qg = q + g * kGroup;
+    __m512i half[2][MT];
+    for (int h = 0; h < 2; ++h)
+      for (int m = 0; m < MT; ++m) half[h][m] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      const __m512i codes = _mm512_loadu_si512(wg + 64 * j);
+      for (int m = 0; m < MT; ++m) {
+        int32_t four;
+        std::memcpy(&four, qg + m * K + 4 * j, 4);
+        const __m512i x = _mm512_xor_si512(_mm512_set1_epi32(four), offset);  // x + 128, unsigned
+        half[j / 4][m] = _mm512_dpbusd_epi32(half[j / 4][m], x, codes);
+      }
+    }
+    const __m512 scale_lo = _mm512_loadu_ps(reinterpret_cast<const float*>(wg + 512));
+    const __m512 scale_hi = _mm512_loadu_ps(reinterpret_cast<const float*>(wg + 576));
+    const __m512i sum_lo = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 640))), 7);
+    const __m512i sum_hi = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 672))), 7);
+    for (int m = 0; m < MT; ++m) {
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(half[0][m], sum_lo));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(half[1][m], sum_hi));
+      acc[m] = _mm512_fmadd_ps(_mm512_fmadd_ps(lo, scale_lo, _mm512_mul_ps(hi, scale_hi)), _mm512_set1_ps(d[m * G + g]), acc[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + m * ldo, acc[m]);
+}
+
+// MT rows of x times one block of 16 outputs: out[m, 0..15] for m < MT; codes of `Bits` bits (4: nibbles, 8: bytes,
+// 6: Q6_K's signed codes with two scales per 32).
 template <int MT, int Bits>
 inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
                  int64_t ldo) {
+  if constexpr (Bits == 6) {
+    six_tile<MT>(w, G, q, d, K, out, ldo);
+    return;
+  }
   __m512 acc[MT];
   for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -171,11 +216,35 @@ inline void byte_tile(const uint8_t* w, int64_t G, const int8_t* q, const float*
 // MT rows of x times one block of 16 outputs, a half block (8 outputs) at a time. VPMADDUBSW sums pairs of code x
 // activation products into 16 bits; a group's 8 of them stay below 8 x 2 x 15 x 127 = 30480, so they are added in 16
 // bits and widened once per group.
+// MT rows of x times one block of 16 outputs of Q6_K, plainly (for tests, as byte_tile).
+template <int MT>
+inline void six_plain_tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, int64_t K, float* out, int64_t ldo) {
+  for (int m = 0; m < MT; ++m) {
+    for (int o = 0; o < kBlockN; ++o) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* wg = w + g * kGroupBytes<6>;
+        int32_t half[2] = {0, 0};
+        for (int k = 0; k < kGroup; ++k) {
+          half[k / 16] += int32_t(static_cast<int8_t>(wg[64 * (k / 4) + 4 * o + k % 4])) * q[m * K + g * kGroup + k];
+        }
+        const float* scales = reinterpret_cast<const float*>(wg + 512);
+        acc += (float(half[0]) * scales[o] + float(half[1]) * scales[16 + o]) * d[m * G + g];
+      }
+      out[m * ldo + o] = acc;
+    }
+  }
+}
+
 template <int MT, int Bits>
 inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
                  int64_t ldo) {
   if constexpr (Bits == 8) {
     byte_tile<MT>(w, G, q, d, s, K, out, ldo);
+    return;
+  }
+  if constexpr (Bits == 6) {
+    six_plain_tile<MT>(w, G, q, d, K, out, ldo);
     return;
   }
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -468,6 +537,10 @@ at::Tensor q4_mm_swiglu(const at::Tensor& gate_up, const at::Tensor& packed, int
 at::Tensor q8_mm_swiglu(const at::Tensor& gate_up, const at::Tensor& packed, int64_t N, int64_t parts) {
   return quantized_mm_swiglu<8>(gate_up, packed, N, parts);
 }
+at::Tensor q6_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t parts) { return quantized_mm<6>(x, packed, N, parts); }
+at::Tensor q6_mm_swiglu(const at::Tensor& gate_up, const at::Tensor& packed, int64_t N, int64_t parts) {
+  return quantized_mm_swiglu<6>(gate_up, packed, N, parts);
+}
 
 }  // namespace
 
@@ -477,6 +550,8 @@ TORCH_LIBRARY_FRAGMENT(roundtrip, m) {
   m.def("q4_mm_amx_from(int rows) -> int", &q4_mm_amx_from);
   m.def("q8_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor");
   m.def("q8_mm_swiglu(Tensor gate_up, Tensor packed, int out_features, int parts) -> Tensor");
+  m.def("q6_mm(Tensor x, Tensor packed, int out_features, int parts) -> Tensor");
+  m.def("q6_mm_swiglu(Tensor gate_up, Tensor packed, int out_features, int parts) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(roundtrip, CPU, m) {
@@ -484,4 +559,6 @@ TORCH_LIBRARY_IMPL(roundtrip, CPU, m) {
   m.impl("q4_mm_swiglu", &q4_mm_swiglu);
   m.impl("q8_mm", &q8_mm);
   m.impl("q8_mm_swiglu", &q8_mm_swiglu);
+  m.impl("q6_mm", &q6_mm);
+  m.impl("q6_mm_swiglu", &q6_mm_swiglu);
 }

@@ -15,9 +15,10 @@ from load_settings import cpu
 from naive_transformer import file_weights, kv_rounding, naive_logits
 from tiny_gguf import TinySpec, write_tiny_gguf
 
-from inference import what_if
+from inference import cpu_kernels, what_if
 from inference.batch import Chunk
 from inference.errors import ModelFileError
+from inference.gguf_file import GGUFFile
 from inference.loader import LoadedModel, load_model
 from inference.model import Transformer
 
@@ -180,3 +181,21 @@ def test_an_unsupported_tensor_type_is_a_clear_error_naming_the_tensor(tmp_path:
     path = write_tiny_gguf(tmp_path / "q8k.gguf", TinySpec(dim=256, ffn_dim=256, linear_type=GGMLQuantizationType.Q8_K))
     with pytest.raises(ModelFileError, match=r"tensor 'blk\.0\.attn_q\.weight' uses Q8_K, which cannot be dequantized"):
         load_model(str(path), cpu())
+
+
+def test_q6_k_runs_exactly_through_its_own_kernel(tmp_path: Path) -> None:
+    """Q6_K's scale per 16 weights kept as the file holds it (`Int6Q8`): its multiply equals the file's own values
+    times the activations, to the rounding of the activations (two int8 parts: within float32's reach)."""
+    spec = TinySpec(
+        **{**ARCHITECTURES["gemma3"], "dim": 256, "ffn_dim": 256, "n_heads": 4, "head_dim": 64},
+        linear_type=GGMLQuantizationType.Q6_K,
+    )
+    path = write_tiny_gguf(tmp_path / "q6k.gguf", spec)
+    model = load_model(str(path), cpu(weights="int4")).model
+    down = model.blk[0].ffn_down
+    assert type(down).__name__ == "Int6Q8"
+    weight = torch.from_numpy(GGUFFile(str(path)).dequantize("blk.0.ffn_down.weight"))
+    x = torch.randn(3, 256)
+    exact = x @ weight.T
+    two_parts = cpu_kernels.q6_mm(x, down.packed, down.out_features, 2)
+    assert (two_parts - exact).abs().max() < 1e-3 * exact.abs().max()
