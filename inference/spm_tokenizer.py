@@ -76,13 +76,22 @@ class SentencePieceTokenizer(Tokenizer):
 
     def pre_tokenize(self, text: str) -> list[str]:
         """The stretches merging works on: user-defined tokens on their own, the rest with "▁" for spaces."""
-        out = []
-        for start, end, user_defined in self._fragments(text):
-            out.append(text[start:end] if user_defined else self._escaped(text[start:end], start == 0))
-        return out
+        return [piece for _, _, _, piece, _ in self._stretches(text)]
 
-    def _escaped(self, text: str, first: bool) -> str:
-        return (SPACE if self.add_space_prefix and first else "") + text.replace(" ", SPACE)
+    def _stretches(self, text: str) -> list[tuple[int, int, bool, str, int]]:
+        """(start, end, is a user-defined token, the stretch as merging reads it, how many characters were put in
+        front of it): with `add_space_prefix`, a "▁" goes before the text's start and after each user-defined token,
+        as llama.cpp prefixes every stretch that follows a special one."""
+        out = []
+        after_special = True
+        for start, end, user_defined in self._fragments(text):
+            if user_defined:
+                out.append((start, end, True, text[start:end], 0))
+            else:
+                prefix = SPACE if self.add_space_prefix and after_special else ""
+                out.append((start, end, False, prefix + text[start:end].replace(" ", SPACE), len(prefix)))
+            after_special = user_defined
+        return out
 
     def _fragments(self, text: str) -> list[tuple[int, int, bool]]:
         """(start, end, is a user-defined token) stretches of `text`, in order."""
@@ -109,13 +118,12 @@ class SentencePieceTokenizer(Tokenizer):
     def encode(self, text: str) -> Encoding:
         ids: list[int] = []
         spans: list[tuple[int, int]] = []
-        for start, end, user_defined in self._fragments(text):
+        for start, end, user_defined, piece, prefix in self._stretches(text):
             if user_defined:
-                ids.append(self.piece_ids[text[start:end]])
+                ids.append(self.piece_ids[piece])
                 spans.append((start, end))
                 continue
-            prefix = 1 if self.add_space_prefix and start == 0 else 0
-            for token, (a, b) in self._merge(self._escaped(text[start:end], start == 0)):
+            for token, (a, b) in self._merge(piece):
                 ids.append(token)  # spans back in the caller's text: the space prefix is no character of it
                 spans.append((start + max(0, a - prefix), start + max(0, b - prefix)))
         return Encoding(ids=ids, tokens=[self.token_text(i) for i in ids], spans=spans)

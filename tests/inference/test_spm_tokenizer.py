@@ -43,6 +43,13 @@ def test_the_space_prefix_is_added_when_the_file_asks() -> None:
     assert enc.ids == ids_of(t, "▁the") and enc.spans == [(0, 3)]
 
 
+def test_with_a_space_prefix_every_stretch_after_a_user_defined_token_gets_one_too() -> None:
+    """As llama.cpp: a "▁" before the text and after each user-defined token (here "\n\n")."""
+    t = tokenizer(add_space_prefix=True)
+    assert t.encode("the\n\nthe").ids == ids_of(t, "▁the", "\n\n", "▁the")
+    assert t.pre_tokenize("the\n\nthe") == ["▁the", "\n\n", "▁the"]
+
+
 def test_user_defined_tokens_are_cut_out_first_and_control_tokens_never() -> None:
     t = tokenizer()
     ids = t.encode("the\n\n<eos>").ids
