@@ -202,6 +202,21 @@ def q4_supported(n: int, k: int) -> bool:
     return n % BLOCK_N == 0 and k % GROUP == 0
 
 
+def _per_block(values: Tensor, dtype: torch.dtype) -> Tensor:
+    """One value per output and group of 32 inputs [N, K/32] in the packed layouts' order: [N/16, K/32, 16 values]
+    in `dtype`, as bytes."""
+    n, groups = values.shape
+    return values.view(n // BLOCK_N, BLOCK_N, groups).permute(0, 2, 1).to(dtype).contiguous().view(torch.uint8)
+
+
+def _byte_stream(codes: Tensor) -> Tensor:
+    """Byte codes [N, K] as VPDPBUSD reads them: [N/16, K/32, 512], for input quad j, output n, byte b:
+    code[4 j + b]."""
+    n, k = codes.shape
+    quads = codes.view(torch.uint8).view(n // BLOCK_N, BLOCK_N, k // GROUP, 8, 4)  # [N/16, 16, K/32, quad, 4]
+    return quads.permute(0, 2, 3, 1, 4).reshape(n // BLOCK_N, k // GROUP, 512)
+
+
 def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     """Q4_1 blocks (codes uint8 [N, K] in 0..15, scales and minimums [N, K/32]) in q4_mm's layout:
     uint8 [N/16, K/32, 320], one contiguous stream of codes, scales and minimums per block of 16 outputs."""
@@ -210,12 +225,8 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     quads = codes.view(nb, BLOCK_N, groups, 4, 2, 4)  # [N/16, 16, K/32, quad, half, 4]: input 8 quad + 4 half + j
     # [N/16, K/32, quad*16*4]
     nibbles = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, groups, 256)
-
-    def halves(values: Tensor) -> Tensor:
-        # [N/16, K/32, 32]
-        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)
-
-    return torch.cat([nibbles, halves(scales), halves(minimums)], dim=-1).contiguous()
+    halves = [_per_block(v, torch.float16) for v in (scales, minimums)]
+    return torch.cat([nibbles, *halves], dim=-1).contiguous()
 
 
 def q8_fast() -> bool:
@@ -230,16 +241,8 @@ def q8_supported(n: int, k: int) -> bool:
 def q8_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
     """Blocks of up to 8-bit codes (uint8 [N, K], scales and minimums [N, K/32], w = code * scale + minimum) in
     q8_mm's layout: uint8 [N/16, K/32, 576]; the scales and minimums rounded to float16."""
-    n, k = codes.shape
-    nb, groups = n // BLOCK_N, k // GROUP
-    quads = codes.view(nb, BLOCK_N, groups, 8, 4)  # [N/16, 16, K/32, quad, 4]: input 4 quad + b
-    stream = quads.permute(0, 2, 3, 1, 4).reshape(nb, groups, 512)  # [N/16, K/32, quad * 16 * 4]
-
-    def halves(values: Tensor) -> Tensor:
-        # [N/16, K/32, 32]
-        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).to(torch.float16).contiguous().view(torch.uint8)
-
-    return torch.cat([stream, halves(scales), halves(minimums)], dim=-1).contiguous()
+    halves = [_per_block(v, torch.float16) for v in (scales, minimums)]
+    return torch.cat([_byte_stream(codes), *halves], dim=-1).contiguous()
 
 
 def q6_pack(codes: Tensor, scales: Tensor) -> Tensor:
@@ -247,55 +250,27 @@ def q6_pack(codes: Tensor, scales: Tensor) -> Tensor:
     uint8 [N/16, K/32, 704], per group of 32 the codes as q8_pack lays them, the scales of the first and the last 16
     inputs (float32), and each output's code sums over those halves (int16)."""
     n, k = codes.shape
-    nb, groups = n // BLOCK_N, k // GROUP
-    quads = codes.view(torch.uint8).view(nb, BLOCK_N, groups, 8, 4)  # [N/16, 16, K/32, quad, 4]
-    stream = quads.permute(0, 2, 3, 1, 4).reshape(nb, groups, 512)
-    halves = scales.view(n, groups, 2)  # [N, K/32, 2]: the first 16 inputs' scale, the last 16's
-    sums = codes.to(torch.int16).view(n, groups, 2, 16).sum(-1).to(torch.int16)  # [N, K/32, 2]
-
-    def per_block(values: Tensor) -> Tensor:
-        # [N, K/32] -> [N/16, K/32, 16 values] as bytes
-        return values.view(nb, BLOCK_N, groups).permute(0, 2, 1).contiguous().view(torch.uint8)
-
-    parts = [stream, per_block(halves[..., 0].float()), per_block(halves[..., 1].float())]
-    parts += [per_block(sums[..., 0]), per_block(sums[..., 1])]
-    return torch.cat(parts, dim=-1).contiguous()
+    halves = scales.view(n, k // GROUP, 2)  # [N, K/32, 2]: the first 16 inputs' scale, the last 16's
+    sums = codes.to(torch.int16).view(n, k // GROUP, 2, 16).sum(-1)  # [N, K/32, 2]
+    parts = [_per_block(halves[..., h], torch.float32) for h in (0, 1)]
+    parts += [_per_block(sums[..., h], torch.int16) for h in (0, 1)]
+    return torch.cat([_byte_stream(codes), *parts], dim=-1).contiguous()
 
 
-def q6_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
-    """q4_mm for Q6_K weights packed by `q6_pack`, exactly as the file holds them."""
-    y: Tensor = torch.ops.roundtrip.q6_mm(x, packed, out_features, parts)
-    return y
+LAYOUTS = ("q4", "q8", "q6")  # the packed layouts: q4_pack's nibbles, q8_pack's bytes, q6_pack's Q6_K
 
 
-def q6_mm_swiglu(gate_up: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
-    y: Tensor = torch.ops.roundtrip.q6_mm_swiglu(gate_up, packed, out_features, parts)
-    return y
-
-
-def q8_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
-    """q4_mm for weights packed by `q8_pack`."""
-    y: Tensor = torch.ops.roundtrip.q8_mm(x, packed, out_features, parts)
-    return y
-
-
-def q8_mm_swiglu(gate_up: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
-    """q4_mm_swiglu for weights packed by `q8_pack`."""
-    y: Tensor = torch.ops.roundtrip.q8_mm_swiglu(gate_up, packed, out_features, parts)
+def matmul(layout: str, x: Tensor, packed: Tensor, out_features: int, parts: int = 1, swiglu: bool = False) -> Tensor:
+    """float32 y [M, N] = x [M, K] @ W.T for W packed in `layout`, with x rounded per group of 32 to `parts` int8
+    parts (see `activation_parts`); `swiglu`: x is the gate and up projections' output [M, 2 K] (gate first) and the
+    product silu(gate) * up is taken in the same call."""
+    op = getattr(torch.ops.roundtrip, f"{layout}_mm_swiglu" if swiglu else f"{layout}_mm")
+    y: Tensor = op(x, packed, out_features, parts)
     return y
 
 
 def q4_mm(x: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
-    """float32 y [M, N] = x [M, K] @ W.T, with x rounded per group of 32 to `parts` int8 parts (see
-    `activation_parts`)."""
-    y: Tensor = torch.ops.roundtrip.q4_mm(x, packed, out_features, parts)
-    return y
-
-
-def q4_mm_swiglu(gate_up: Tensor, packed: Tensor, out_features: int, parts: int = 1) -> Tensor:
-    """float32 (silu(gate) * up) @ W.T for gate_up [M, 2 F] (gate first), in one call: q4_mm of the SwiGLU product."""
-    y: Tensor = torch.ops.roundtrip.q4_mm_swiglu(gate_up, packed, out_features, parts)
-    return y
+    return matmul("q4", x, packed, out_features, parts)
 
 
 def use_activations(setting: str) -> None:

@@ -298,6 +298,7 @@ class Transformer(nn.Module):
             if config.has_local_layers and config.local_rope_base
             else None
         )
+        self.window = max((config.window(i) for i in range(config.n_layers)), default=0)  # local layers' (0: none)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -388,7 +389,6 @@ class Transformer(nn.Module):
             self.local_freqs = None if self.local_freqs is None else self.local_freqs.to(self.device)
         # the fused call turns whole vectors of pairs (16 floats with AVX512)
         fused = self.decode_kernel and self.config.rope_dim % 16 == 0
-        window = max((self.config.window(i) for i in range(self.config.n_layers)), default=0)
         return BatchPlan.build(
             chunks,
             self.freqs_cis,
@@ -396,7 +396,7 @@ class Transformer(nn.Module):
             decode_kernel=self.decode_kernel,
             fused_rope=fused,
             local_freqs=self.local_freqs,
-            window=window,
+            window=self.window,
         )
 
     @property

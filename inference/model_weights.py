@@ -172,6 +172,7 @@ class WeightReader:
         Q6_K exactly for a projection of its own (`alone`: fused with others, it takes their one byte grid))."""
         full = name if name.endswith(".bias") else f"{name}.weight"
         blocks: w.Blocks | None = None
+        regridded = False  # blocks that are not the file's own values (Q6_K on one byte grid)
         if self.plan.uses(w.WeightFormat.INT4):
             raw = self.gguf.q4_blocks(full)
             six = self.gguf.q6_blocks(full) if alone and self.plan.q8 and raw is None else None
@@ -180,12 +181,13 @@ class WeightReader:
             elif raw is not None:
                 blocks = w.Q4Blocks(torch.from_numpy(raw[0]), torch.from_numpy(raw[1]), torch.from_numpy(raw[2]))
             elif self.plan.q8 and (wide := self.gguf.byte_blocks(full)) is not None:
-                codes, scales, minimums, _ = wide
+                codes, scales, minimums, exact = wide
                 blocks = w.Q4Blocks(
                     torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(minimums), bits=8
                 )
-        if blocks is not None and (isinstance(blocks, w.Q6Blocks) or blocks.bits == 4):
-            dense = blocks.dequantize()  # the file's own values
+                regridded = not exact
+        if blocks is not None and not regridded:
+            dense = blocks.dequantize()  # the file's own values, without reading the tensor again
         else:
             dense = torch.from_numpy(self.gguf.dequantize(full))
         if tuple(dense.shape) != shape:

@@ -265,15 +265,19 @@ class Int4(PackedInt4):
 
 
 class Int4Q8(PackedInt4):
-    """In the layout of our int4 x int8 kernel (`inference.cpu_kernels.q4_mm`): it takes float32 rows as they are
-    (quantizing them to int8 itself) and gives float32 back, and a row's result does not depend on the others'."""
+    """In the layout of our int4 x int8 kernel (`inference.cpu_kernels.matmul`): it takes float32 rows as they are
+    (quantizing them to int8 itself) and gives float32 back, and a row's result does not depend on the others'.
+    Its subclasses keep wider codes in the same kernel's other layouts; each names its layout and its weights cache
+    kind."""
 
     input_dtype = torch.float32
+    layout = "q4"  # cpu_kernels.LAYOUTS
+    kind = "int4q8"
 
     def __init__(self, packed: Tensor, out_features: int, in_features: int) -> None:
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
-        self.register_buffer("packed", packed)  # uint8 [N/16, K/32, 320]
+        self.register_buffer("packed", packed)  # uint8 [N/16, K/32, bytes per group of the layout]
         self.activation_parts = cpu_kernels.activation_parts()  # the setting, read once
 
     @classmethod
@@ -282,14 +286,16 @@ class Int4Q8(PackedInt4):
         return cls(cpu_kernels.q4_pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
 
     def multiply(self, x: Tensor) -> Tensor:
-        return cpu_kernels.q4_mm(x, self.packed, self.out_features, self.activation_parts)
+        return cpu_kernels.matmul(self.layout, x, self.packed, self.out_features, self.activation_parts)
 
     def swiglu(self, gate_up: Tensor) -> Tensor:
-        return cpu_kernels.q4_mm_swiglu(gate_up, self.packed, self.out_features, self.activation_parts)
+        return cpu_kernels.matmul(
+            self.layout, gate_up, self.packed, self.out_features, self.activation_parts, swiglu=True
+        )
 
     def state(self) -> dict[str, Any]:
         return {
-            "kind": "int4q8",
+            "kind": self.kind,
             "packed": self.packed,
             "out_features": self.out_features,
             "in_features": self.in_features,
@@ -297,44 +303,28 @@ class Int4Q8(PackedInt4):
 
 
 class Int8Q8(Int4Q8):
-    """Codes of up to 8 bits (a GGUF's Q5_0, Q5_1, Q8_0, Q5_K and Q6_K blocks), one byte each, in the layout of
-    `cpu_kernels.q8_mm`: the int4 x int8 kernel's arithmetic on bytes."""
+    """Codes of up to 8 bits (a GGUF's Q5_0, Q5_1, Q8_0 and Q5_K blocks; Q6_K fused with those), one byte each: the
+    int4 x int8 kernel's arithmetic on bytes."""
 
     format = WeightFormat.INT8
+    layout, kind = "q8", "int8q8"
 
     @classmethod
     def from_blocks(cls, blocks: Q4Blocks) -> Int8Q8:
         n, k = blocks.codes.shape
         return cls(cpu_kernels.q8_pack(blocks.codes, blocks.scales, blocks.minimums), n, k)
 
-    def multiply(self, x: Tensor) -> Tensor:
-        return cpu_kernels.q8_mm(x, self.packed, self.out_features, self.activation_parts)
-
-    def swiglu(self, gate_up: Tensor) -> Tensor:
-        return cpu_kernels.q8_mm_swiglu(gate_up, self.packed, self.out_features, self.activation_parts)
-
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "kind": "int8q8"}
-
 
 class Int6Q8(Int4Q8):
-    """GGUF's Q6_K blocks exactly (a scale per 16 weights), in the layout of `cpu_kernels.q6_mm`."""
+    """GGUF's Q6_K blocks exactly (a scale per 16 weights)."""
 
     format = WeightFormat.INT8
+    layout, kind = "q6", "int6q8"
 
     @classmethod
     def from_q6(cls, blocks: Q6Blocks) -> Int6Q8:
         n, k = blocks.codes.shape
         return cls(cpu_kernels.q6_pack(blocks.codes, blocks.scales), n, k)
-
-    def multiply(self, x: Tensor) -> Tensor:
-        return cpu_kernels.q6_mm(x, self.packed, self.out_features, self.activation_parts)
-
-    def swiglu(self, gate_up: Tensor) -> Tensor:
-        return cpu_kernels.q6_mm_swiglu(gate_up, self.packed, self.out_features, self.activation_parts)
-
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "kind": "int6q8"}
 
 
 class Int8Rows(nn.Module):
@@ -454,9 +444,9 @@ def restore(state: dict[str, Any]) -> Projection:
         return Int8(state["weight"], state["scales"])
     if kind == "int4":
         return Int4(state["packed"], state["scales_and_zeros"], int(state["in_features"]))
-    if kind in ("int4q8", "int8q8", "int6q8"):
-        cls = {"int4q8": Int4Q8, "int8q8": Int8Q8, "int6q8": Int6Q8}[kind]
-        return cls(state["packed"], int(state["out_features"]), int(state["in_features"]))
+    packed_kinds = {c.kind: c for c in (Int4Q8, Int8Q8, Int6Q8)}
+    if kind in packed_kinds:
+        return packed_kinds[kind](state["packed"], int(state["out_features"]), int(state["in_features"]))
     if kind == "head":
         return Head(restore(state["ranking"]), Int8Rows(state["codes"], state["scales"]))
     if kind == "dispatch":

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,11 +127,11 @@ class Deployment:
 
 
 @contextmanager
-def default_deployment(workdir: Path) -> Iterator[Deployment]:
-    """`manage.py serve` as `make run` starts it: both default models (SmolLM2 and Gemma 3 270M) in the format a user
-    gets (`ROUNDTRIP_WEIGHTS=auto`), with an unlimited key."""
+def deployment(workdir: Path, **settings: str) -> Iterator[Deployment]:
+    """`manage.py serve` with its own SQLite database in `workdir` and `settings`, and an unlimited key, until the
+    block ends."""
     db = workdir / "db.sqlite3"
-    env = {**server_env(), "ROUNDTRIP_SQLITE_PATH": str(db), "ROUNDTRIP_GEMMA": "1", "ROUNDTRIP_WEIGHTS": "auto"}
+    env = {**server_env(), "ROUNDTRIP_SQLITE_PATH": str(db), **settings}
     manage(env, "migrate", "--noinput")
     key = manage(env, "createapikey", "tests", "--rpm", "0", "--tpm", "0", "--concurrent", "0").strip().split()[-1]
     port = free_port()
@@ -143,3 +143,9 @@ def default_deployment(workdir: Path) -> Iterator[Deployment]:
         yield Deployment(url, key, db, process.pid)
     finally:
         stop([process])
+
+
+def default_deployment(workdir: Path) -> AbstractContextManager[Deployment]:
+    """As `make run` starts it: both default models (SmolLM2 and Gemma 3 270M) in the format a user gets
+    (`ROUNDTRIP_WEIGHTS=auto`)."""
+    return deployment(workdir, ROUNDTRIP_GEMMA="1", ROUNDTRIP_WEIGHTS="auto")

@@ -69,24 +69,24 @@ async def merges(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
 
 
 async def compare(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:
-    """The same text read by two models: each side asked through the gateway as its own request."""
-    try:
-        asked: CompareFrame = parse(CompareFrame, frame)
-    except Exception as exc:
-        return error_frame(Turn("ws.compare", visitor.client_ip).fail(exc))
+    """The same text read by two models: each side asked through the gateway as its own request (a frame the checks
+    refuse is refused by the first, with its usage row, as any question's)."""
+    models = frame.get("models")
     sides = []
-    for model in asked.models:
+    for index in range(2):
 
         async def work(turn: Turn, route: ModelRoute) -> dict[str, Any]:
+            asked: CompareFrame = parse(CompareFrame, frame)
             view = await client.next_tokens(route, asked.text)
             turn.usage.prompt_tokens = len(view.ids)
             return {"type": "side", "model": route.id, "view": view}
 
+        model = models[index] if isinstance(models, list) and index < len(models) else None
         side = await _ask(visitor, "ws.compare", model, work)
         if side["type"] == "error":
             return side
         sides.append({"model": side["model"], **wire.plain(side["view"])})
-    return {"type": "comparison", "text": asked.text, "sides": sides}
+    return {"type": "comparison", "text": frame.get("text"), "sides": sides}
 
 
 async def prompt_attention(visitor: Visitor, frame: dict[str, Any]) -> dict[str, Any]:

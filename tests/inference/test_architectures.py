@@ -197,5 +197,5 @@ def test_q6_k_runs_exactly_through_its_own_kernel(tmp_path: Path) -> None:
     weight = torch.from_numpy(GGUFFile(str(path)).dequantize("blk.0.ffn_down.weight"))
     x = torch.randn(3, 256)
     exact = x @ weight.T
-    two_parts = cpu_kernels.q6_mm(x, down.packed, down.out_features, 2)
+    two_parts = cpu_kernels.matmul("q6", x, down.packed, down.out_features, 2)
     assert (two_parts - exact).abs().max() < 1e-3 * exact.abs().max()

@@ -75,10 +75,10 @@ def test_the_fused_swiglu_is_the_down_projection_of_silu_gate_times_up(rows: int
     gate_up[0, :3] = torch.tensor([-100.0, 100.0, 0.0])
     gate, up = gate_up.chunk(2, dim=-1)
     expected = cpu_kernels.q4_mm(torch.nn.functional.silu(gate) * up, packed, 96)
-    got = cpu_kernels.q4_mm_swiglu(gate_up, packed, 96)
+    got = cpu_kernels.matmul("q4", gate_up, packed, 96, swiglu=True)
     assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
     for row in range(rows):
-        assert torch.equal(cpu_kernels.q4_mm_swiglu(gate_up[row : row + 1], packed, 96)[0], got[row])
+        assert torch.equal(cpu_kernels.matmul("q4", gate_up[row : row + 1], packed, 96, swiglu=True)[0], got[row])
 
 
 def test_an_int4_projection_fuses_swiglu_and_others_take_torchs_product() -> None:

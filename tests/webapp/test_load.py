@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 from loops import run_async
-from servers import free_port, manage, metric_samples, metric_value, server_env, start, stop, wait_ready
+from servers import deployment, metric_samples, metric_value
 
 pytestmark = pytest.mark.live  # starts a server of its own
 
@@ -37,26 +37,10 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def busy_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
-    workdir = tmp_path_factory.mktemp("load")
-    db = workdir / "db.sqlite3"
-    env = {
-        **server_env(),
-        "ROUNDTRIP_SQLITE_PATH": str(db),
-        "ROUNDTRIP_MAX_BATCH": str(CLIENTS),
-        "PYTHONUNBUFFERED": "1",
-        "ROUNDTRIP_MODELS": json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}]),
-    }
-    manage(env, "migrate", "--noinput")
-    key = manage(env, "createapikey", "load", "--rpm", "0", "--tpm", "0", "--concurrent", "0").strip().split()[-1]
-    port = free_port()
-    log = workdir / "server.log"
-    process = start(env, log, "serve", "--port", str(port))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, [process], [log])
-        yield url, key, db
-    finally:
-        stop([process])
+    models = json.dumps([{"id": "tiny", "path": str(tiny_model_path), "aliases": []}])
+    settings = {"ROUNDTRIP_MAX_BATCH": str(CLIENTS), "ROUNDTRIP_MODELS": models}
+    with deployment(tmp_path_factory.mktemp("load"), **settings) as served:
+        yield served.url, served.key, served.db
 
 
 def _body(i: int) -> dict[str, object]:
