@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from forward import all_logits, forward
 from gguf import GGMLQuantizationType
 from load_settings import cpu
 from naive_transformer import file_weights, kv_rounding, naive_logits
@@ -20,7 +21,6 @@ from inference.batch import Chunk
 from inference.errors import ModelFileError
 from inference.gguf_file import GGUFFile
 from inference.loader import LoadedModel, load_model
-from inference.model import Transformer
 
 # Each family with what makes it differ: Llama 3's frequency divisors, Qwen 2's biases, Qwen 3's QK-norm and a head
 # size that is not width / heads, Gemma 3's everything (a 4-position window on 5 of its 6 layers, so the 12-token
@@ -44,23 +44,10 @@ IDS = [1, 120, 45, 200, 7, 99, 250, 3, 61, 62, 63, 64]
 TOLERANCE = 2e-4
 
 
-def _forward(
-    model: Transformer, cache: Any, chunks: list[tuple[Chunk, list[int]]], every: bool = False
-) -> torch.Tensor:
-    plan = model.plan([c for c, _ in chunks])
-    tokens = torch.tensor([t for _, ids in chunks for t in ids])
-    with torch.inference_mode():
-        return model(tokens, plan, cache, logits_for=torch.arange(len(tokens)) if every else None)
-
-
 # float32 matrix products of different row counts (and torch's attention over a prompt against a decode row) can
 # differ in the last bit, which Gemma's float16 GELU (as ggml rounds it) can turn into a float16 step; the int4 x int8
 # kernels compute a row alike in any batch (`test_quantized_rows_give_the_same_bits_in_any_batch`)
 ATOL = 1e-3
-
-
-def _all_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
-    return _forward(model, model.new_cache(1, len(ids)), [(Chunk(0, 0, len(ids)), ids)], every=True)
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
@@ -76,27 +63,27 @@ def loaded(request: pytest.FixtureRequest, model_file: Path) -> LoadedModel:
 
 def test_logits_match_an_independent_float64_implementation(loaded: LoadedModel) -> None:
     expected = naive_logits(loaded.config, file_weights(loaded), IDS, kv_rounding(loaded))
-    got = _all_logits(loaded.model, IDS).numpy()
+    got = all_logits(loaded.model, IDS).numpy()
     assert np.abs(got - expected).max() < TOLERANCE * max(1.0, float(np.abs(expected).max()))
 
 
 def test_cached_decoding_equals_uncached(loaded: LoadedModel) -> None:
     model = loaded.model
     cache = model.new_cache(1, len(IDS))
-    rows = [_forward(model, cache, [(Chunk(0, 0, 3), IDS[:3])])]
-    rows += [_forward(model, cache, [(Chunk(0, p, 1), [IDS[p]])]) for p in range(3, len(IDS))]
-    assert torch.allclose(torch.cat(rows), _all_logits(model, IDS)[2:], atol=ATOL)
+    rows = [forward(model, cache, [(Chunk(0, 0, 3), IDS[:3])])]
+    rows += [forward(model, cache, [(Chunk(0, p, 1), [IDS[p]])]) for p in range(3, len(IDS))]
+    assert torch.allclose(torch.cat(rows), all_logits(model, IDS)[2:], atol=ATOL)
 
 
 def test_a_batched_step_gives_each_sequence_what_it_gets_alone(loaded: LoadedModel) -> None:
     model = loaded.model
     a, b, c = IDS[:9], IDS[3:], IDS[:5]
     cache = model.new_cache(3, 16)
-    _forward(model, cache, [(Chunk(0, 0, 8), a[:8]), (Chunk(1, 0, 8), b[:8])])
-    _forward(model, cache, [(Chunk(2, 0, 2), c[:2])])
-    step = _forward(model, cache, [(Chunk(0, 8, 1), a[8:]), (Chunk(1, 8, 1), b[8:]), (Chunk(2, 2, 3), c[2:])])
+    forward(model, cache, [(Chunk(0, 0, 8), a[:8]), (Chunk(1, 0, 8), b[:8])])
+    forward(model, cache, [(Chunk(2, 0, 2), c[:2])])
+    step = forward(model, cache, [(Chunk(0, 8, 1), a[8:]), (Chunk(1, 8, 1), b[8:]), (Chunk(2, 2, 3), c[2:])])
     for row, alone in zip(step, (a, b, c)):
-        assert torch.allclose(row, _all_logits(model, alone)[-1], atol=ATOL)
+        assert torch.allclose(row, all_logits(model, alone)[-1], atol=ATOL)
 
 
 @pytest.mark.parametrize("kernels", ["auto", "off"])
@@ -108,11 +95,11 @@ def test_a_sliding_window_layer_does_not_see_past_its_window(tmp_path: Path, ker
     model = loaded.model
     window = loaded.config.sliding_window
     changed = [IDS[0] + 1] + IDS[1:]
-    assert not torch.allclose(_all_logits(model, IDS)[-1], _all_logits(model, changed)[-1])
+    assert not torch.allclose(all_logits(model, IDS)[-1], all_logits(model, changed)[-1])
     model.blk = model.blk[:3]  # three local layers: the last position reaches back 3 x 3 positions, not to the first
     try:
         assert all(block.window == window for block in model.blk)
-        last = [_all_logits(model, ids)[-1] for ids in (IDS, changed)]
+        last = [all_logits(model, ids)[-1] for ids in (IDS, changed)]
         assert torch.equal(last[0], last[1])
     finally:
         model.blk = load_model(str(model_file), cpu(cpu_kernels=kernels)).model.blk
@@ -127,11 +114,11 @@ def test_quantized_rows_give_the_same_bits_in_any_batch(tmp_path: Path, block: G
     assert model.blk[0].attn_qkv.__class__.__name__ == "Int8Q8"
     a, b = IDS[:9], IDS[3:]
     cache = model.new_cache(2, 16)
-    _forward(model, cache, [(Chunk(0, 0, 4), a[:4]), (Chunk(1, 0, 8), b[:8])])
-    _forward(model, cache, [(Chunk(0, 4, 4), a[4:8])])
-    step = _forward(model, cache, [(Chunk(0, 8, 1), a[8:]), (Chunk(1, 8, 1), b[8:])])
+    forward(model, cache, [(Chunk(0, 0, 4), a[:4]), (Chunk(1, 0, 8), b[:8])])
+    forward(model, cache, [(Chunk(0, 4, 4), a[4:8])])
+    step = forward(model, cache, [(Chunk(0, 8, 1), a[8:]), (Chunk(1, 8, 1), b[8:])])
     for row, alone in zip(step, (a, b)):
-        assert torch.equal(row, _all_logits(model, alone)[-1])
+        assert torch.equal(row, all_logits(model, alone)[-1])
 
 
 def test_an_unknown_architecture_is_a_clear_error_naming_it(tmp_path: Path) -> None:
@@ -160,7 +147,7 @@ def test_the_probe_and_the_what_if_tools_see_what_each_architecture_computes(loa
     for layer in range(config.n_layers):
         first = len(IDS) - config.window(layer) if config.window(layer) else 0
         assert float(attention[layer, :, :first].abs().sum()) == 0.0
-    assert detail.logit_lens[-1].token_id == int(_all_logits(model, IDS)[-1].argmax())
+    assert detail.logit_lens[-1].token_id == int(all_logits(model, IDS)[-1].argmax())
     assert len(detail.top_neurons) == config.n_layers
     for layer in range(config.n_layers):
         matrix = what_if.prompt_attention(model, IDS, layer)  # [H, T, T]

@@ -7,46 +7,33 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from forward import all_logits, forward
 from load_settings import cpu
 from naive_transformer import file_weights, kv_rounding, naive_logits
 
 from inference.batch import BatchPlan, Chunk
-from inference.kv_cache import SlotCache
 from inference.loader import LoadedModel, load_model
 from inference.model import Transformer, apply_rope
-
-
-def _forward(
-    model: Transformer, cache: SlotCache, chunks: list[tuple[Chunk, list[int]]], every_token: bool = False
-) -> torch.Tensor:
-    plan = model.plan([c for c, _ in chunks])
-    tokens = torch.tensor([t for _, ids in chunks for t in ids])
-    with torch.inference_mode():
-        return model(tokens, plan, cache, logits_for=torch.arange(len(tokens)) if every_token else None)
-
-
-def _all_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
-    return _forward(model, model.new_cache(1, len(ids)), [(Chunk(0, 0, len(ids)), ids)], every_token=True)
 
 
 def _cached_logits(model: Transformer, ids: list[int], prefill: int) -> torch.Tensor:
     """Prefill the first `prefill` tokens, then feed the rest one at a time through the KV cache."""
     cache = model.new_cache(1, len(ids))
-    rows = [_forward(model, cache, [(Chunk(0, 0, prefill), ids[:prefill])])]
-    rows += [_forward(model, cache, [(Chunk(0, pos, 1), [ids[pos]])]) for pos in range(prefill, len(ids))]
+    rows = [forward(model, cache, [(Chunk(0, 0, prefill), ids[:prefill])])]
+    rows += [forward(model, cache, [(Chunk(0, pos, 1), [ids[pos]])]) for pos in range(prefill, len(ids))]
     return torch.cat(rows)
 
 
 def test_tiny_model_logits_match_a_plain_recomputation(tiny_model: LoadedModel) -> None:
     ids = [1, 120, 45, 200, 7, 99, 250, 3]
     expected = naive_logits(tiny_model.config, file_weights(tiny_model), ids, kv_rounding(tiny_model))
-    assert np.allclose(_all_logits(tiny_model.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
+    assert np.allclose(all_logits(tiny_model.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_real_model_logits_match_a_plain_recomputation(smollm2: LoadedModel) -> None:
     ids = smollm2.tokenizer.encode("What's the capital of India?").ids
     expected = naive_logits(smollm2.config, file_weights(smollm2), ids, kv_rounding(smollm2))
-    got = _all_logits(smollm2.model, ids).numpy()
+    got = all_logits(smollm2.model, ids).numpy()
     # A float16 cache stores each key and value to 11 significant bits; the reference rounds its float64 values, the
     # model its float32 ones, and where the two round to neighbouring halves (a relative 5e-4) the logits move by a few
     # thousandths. A float32 cache leaves only float32's own error.
@@ -66,7 +53,7 @@ def test_cached_decoding_equals_uncached(
     loaded: LoadedModel = request.getfixturevalue(model_name)
     monkeypatch.setattr(loaded.model, "kv_cache_dtype", torch.float32)
     ids = SMOLLM2_IDS if model_name == "smollm2" else [1, 5, 80, 91, 200, 17, 3]
-    full = _all_logits(loaded.model, ids)
+    full = all_logits(loaded.model, ids)
     cached = _cached_logits(loaded.model, ids, prefill=3)
     assert torch.allclose(cached, full[2:], atol=1e-4, rtol=1e-4)
 
@@ -101,12 +88,12 @@ def test_one_forward_of_decode_rows_and_a_prompt_chunk_matches_single_runs(tiny_
     model = tiny_model.model
     a, b, c = [1, 40, 41, 42], [1, 90, 91], [1, 7, 8, 9, 10]
     cache = model.new_cache(3, 16)
-    _forward(model, cache, [(Chunk(0, 0, 4), a), (Chunk(1, 0, 3), b)])
-    _forward(model, cache, [(Chunk(2, 0, 2), c[:2])])
-    step = _forward(model, cache, [(Chunk(0, 4, 1), [43]), (Chunk(1, 3, 1), [5]), (Chunk(2, 2, 3), c[2:])])
-    assert torch.allclose(step[0], _all_logits(model, a + [43])[-1], atol=1e-5)
-    assert torch.allclose(step[1], _all_logits(model, b + [5])[-1], atol=1e-5)
-    assert torch.allclose(step[2], _all_logits(model, c)[-1], atol=1e-5)
+    forward(model, cache, [(Chunk(0, 0, 4), a), (Chunk(1, 0, 3), b)])
+    forward(model, cache, [(Chunk(2, 0, 2), c[:2])])
+    step = forward(model, cache, [(Chunk(0, 4, 1), [43]), (Chunk(1, 3, 1), [5]), (Chunk(2, 2, 3), c[2:])])
+    assert torch.allclose(step[0], all_logits(model, a + [43])[-1], atol=1e-5)
+    assert torch.allclose(step[1], all_logits(model, b + [5])[-1], atol=1e-5)
+    assert torch.allclose(step[2], all_logits(model, c)[-1], atol=1e-5)
 
 
 def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(
@@ -118,11 +105,11 @@ def test_a_decode_row_far_longer_than_the_others_is_attended_on_its_own(
     plan = model.plan([Chunk(0, 200, 1), Chunk(1, 3, 1), Chunk(2, 3, 1)])
     assert [(g.lo, g.hi, g.kv_len) for g in plan.groups] == [(1, 3, 4), (0, 1, 201)]
     cache = model.new_cache(3, 256)
-    _forward(model, cache, [(Chunk(0, 0, 200), long), (Chunk(1, 0, 3), short)])
-    _forward(model, cache, [(Chunk(2, 0, 3), short)])
-    step = _forward(model, cache, [(Chunk(0, 200, 1), [9]), (Chunk(1, 3, 1), [5]), (Chunk(2, 3, 1), [5])])
-    assert torch.allclose(step[0], _all_logits(model, long + [9])[-1], atol=1e-4)
-    assert torch.allclose(step[1], _all_logits(model, short + [5])[-1], atol=1e-5)
+    forward(model, cache, [(Chunk(0, 0, 200), long), (Chunk(1, 0, 3), short)])
+    forward(model, cache, [(Chunk(2, 0, 3), short)])
+    step = forward(model, cache, [(Chunk(0, 200, 1), [9]), (Chunk(1, 3, 1), [5]), (Chunk(2, 3, 1), [5])])
+    assert torch.allclose(step[0], all_logits(model, long + [9])[-1], atol=1e-4)
+    assert torch.allclose(step[1], all_logits(model, short + [5])[-1], atol=1e-5)
     assert torch.allclose(step[2], step[1], atol=1e-6)
 
 
@@ -131,7 +118,7 @@ def test_untied_output_weights_are_used(write_gguf: Any) -> None:
     assert loaded.model.output is not loaded.model.token_embd
     ids = [1, 30, 31]
     expected = naive_logits(loaded.config, file_weights(loaded), ids, kv_rounding(loaded))
-    assert np.allclose(_all_logits(loaded.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
+    assert np.allclose(all_logits(loaded.model, ids).numpy(), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_with_the_decode_kernel_every_token_is_one_of_its_rows(tiny_model: LoadedModel) -> None:
@@ -169,17 +156,17 @@ def test_a_token_gets_the_same_bits_whatever_chunk_or_cache_hit_its_prompt_came_
     assert model.decode_kernel, "the decode-attention kernel is not loaded"
     ids = served_smollm2.chat_template.render([{"role": "user", "content": "What's the capital of India?"}]).ids
     whole_cache = model.new_cache(1, len(ids))
-    whole = _forward(model, whole_cache, [(Chunk(0, 0, len(ids)), ids)])[-1]
+    whole = forward(model, whole_cache, [(Chunk(0, 0, len(ids)), ids)])[-1]
     chunked_cache = model.new_cache(1, len(ids))
     chunked = [
-        _forward(model, chunked_cache, [(Chunk(0, s, len(ids[s : s + 4])), ids[s : s + 4])])
+        forward(model, chunked_cache, [(Chunk(0, s, len(ids[s : s + 4])), ids[s : s + 4])])
         for s in range(0, len(ids), 4)
     ][-1][-1]
     assert torch.equal(chunked, whole)
     warm_cache = model.new_cache(1, len(ids))
     k, v = whole_cache.read(0, 0, cached)
     warm_cache.load(0, 0, k, v)
-    warm = _forward(model, warm_cache, [(Chunk(0, cached, len(ids) - cached), ids[cached:])])[-1]
+    warm = forward(model, warm_cache, [(Chunk(0, cached, len(ids) - cached), ids[cached:])])[-1]
     assert torch.equal(warm, whole)
 
 
@@ -190,7 +177,7 @@ def test_a_decode_step_rotates_stores_and_attends_in_one_kernel_call_with_the_sa
     a, b = [1, 40, 41, 42], [1, 90, 91]
     caches = [model.new_cache(2, 16) for _ in range(2)]
     for cache in caches:
-        _forward(model, cache, [(Chunk(0, 0, 4), a), (Chunk(1, 0, 3), b)])
+        forward(model, cache, [(Chunk(0, 0, 4), a), (Chunk(1, 0, 3), b)])
     chunks = [Chunk(0, 4, 1), Chunk(1, 3, 3)]  # a decode row and a short chunk: every token by the kernel
     fused = model.plan(chunks)
     separate = BatchPlan.build(chunks, model.freqs_cis, decode_kernel=True)
