@@ -26,6 +26,7 @@ from webapp.gateway import client
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.identity import identify_session
 from webapp.gateway.lifecycle import Turn
+from webapp.gateway.upstream.generation import UpstreamGeneration
 from webapp.usage.models import UsageRecord
 from webapp.worker import wire
 
@@ -35,11 +36,13 @@ def error_frame(error: GatewayError) -> dict[str, Any]:
     return {"type": "error", "status": error.status, "code": error.code, "message": error.message, "param": error.param}
 
 
-def accepted_frame(accepted: wire.Accepted | None) -> dict[str, Any]:
-    """The worker took the turn: which worker, the weights it holds, the prompt's length, the seed, the wait."""
+def accepted_frame(generation: client.Generation | UpstreamGeneration) -> dict[str, Any]:
+    """The worker took the turn: which worker, the weights it holds, the prompt's length, the seed, the wait; for an
+    upstream model, which server answered and which were tried before it (the forward pass is out of sight)."""
+    accepted = generation.accepted
     if accepted is None:
         return {"type": "accepted"}
-    return {
+    frame = {
         "type": "accepted",
         "request_id": accepted.request_id,
         "worker": accepted.worker,
@@ -48,6 +51,9 @@ def accepted_frame(accepted: wire.Accepted | None) -> dict[str, Any]:
         "seed": accepted.seed,
         "queued": accepted.queued,
     }
+    if isinstance(generation, UpstreamGeneration):
+        frame["upstream"] = generation.routing()
+    return frame
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class Run:
     def __init__(self, visitor: Visitor, payload: dict[str, Any]) -> None:
         self.visitor = visitor
         self.payload = payload
-        self.generation: client.Generation | None = None
+        self.generation: client.Generation | UpstreamGeneration | None = None
         self.stop_asked = False  # Stop pressed before the worker took the turn: it stops as soon as it does
 
     async def next_token(self) -> None:
@@ -104,17 +110,18 @@ class Run:
             ctx.prompt_text = request.chat_messages[-1]["content"]
             await turn.admit(request.model)
             yield {"type": "gateway", **turn.gateway_report()}
-            raw = {"prompt": frame.prompt} if frame.prompt is not None else {}
+            raw: dict[str, Any] = {"prompt": frame.prompt} if frame.prompt is not None else {}
             self.generation = await turn.generate(
                 [] if raw else request.chat_messages,
                 request.params,
                 frame.level,
+                passthrough=request.upstream_fields,
                 fit_max_tokens=not request.max_tokens_given,
                 step=frame.step,
                 continue_final=request.continue_final_message,
                 **raw,
             )
-            yield accepted_frame(self.generation.accepted)
+            yield accepted_frame(self.generation)
             replay = SseReplay(turn)
             if self.stop_asked:
                 await self.generation.cancel()

@@ -203,6 +203,14 @@ ROUNDTRIP_LOAD = load_config("ROUNDTRIP_")
 ROUNDTRIP_WORKER_START_TIMEOUT = env_int("ROUNDTRIP_WORKER_START_TIMEOUT", 15)
 # Seconds without a word from a worker that took a request and still beats (after that, 503 worker_timeout).
 ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)
+# Upstream models (entries of ROUNDTRIP_MODELS with a "url"): seconds to connect, seconds an upstream may stay silent
+# before its request fails, how many servers (replicas, then fallbacks) a request tries before its first byte, how
+# long a failed server is left out, and how often every server is probed.
+ROUNDTRIP_UPSTREAM_CONNECT_TIMEOUT = env_float("ROUNDTRIP_UPSTREAM_CONNECT_TIMEOUT", 3.0, minimum=0.1)
+ROUNDTRIP_UPSTREAM_TIMEOUT = env_float("ROUNDTRIP_UPSTREAM_TIMEOUT", 60.0, minimum=0.1)
+ROUNDTRIP_UPSTREAM_ATTEMPTS = env_int("ROUNDTRIP_UPSTREAM_ATTEMPTS", 3)
+ROUNDTRIP_UPSTREAM_COOLDOWN = env_float("ROUNDTRIP_UPSTREAM_COOLDOWN", 10.0)
+ROUNDTRIP_UPSTREAM_PROBE_SECONDS = env_float("ROUNDTRIP_UPSTREAM_PROBE_SECONDS", 5.0, minimum=0.1)
 ROUNDTRIP_DEFAULT_MAX_TOKENS = env_int("ROUNDTRIP_DEFAULT_MAX_TOKENS", 512)
 
 # --- The gateway ------------------------------------------------------------------------------

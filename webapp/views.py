@@ -3,19 +3,24 @@
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from webapp.catalog import configured_models
 from webapp.gateway.errors import GatewayError
+from webapp.gateway.model_status import model_status, refresh
 from webapp.worker import registry, wire
 
 
-def health(request: HttpRequest) -> JsonResponse:
-    """Whether each model is loaded and held by a live worker (with load progress), and which workers are alive."""
-    statuses = {route.id: registry.model_load(route.id) for route in configured_models()}
-    ready = all(s.state == "ready" for s in statuses.values())
-    workers = [{"worker": w.worker, "host": w.host, "pid": w.pid, "models": w.models} for w in registry.live_workers()]
+async def health(request: HttpRequest) -> JsonResponse:
+    """Whether each model is ready: a local one loaded and held by a live worker (with load progress), an upstream
+    one with a server in rotation (each server's state); and which workers are alive."""
+    await refresh()
+    statuses = {route.id: await model_status(route) for route in configured_models()}
+    ready = all(s["state"] == "ready" for s in statuses.values())
+    live = await sync_to_async(registry.live_workers)()
+    workers = [{"worker": w.worker, "host": w.host, "pid": w.pid, "models": w.models} for w in live]
     body = wire.plain({"ready": ready, "models": statuses, "workers": workers})
     return JsonResponse(body, status=200 if ready else 503)
 

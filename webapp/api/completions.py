@@ -113,6 +113,7 @@ def timings(turn: Turn) -> dict[str, Any]:
             "tokens_per_s": t.decode_tokens_per_s,
             "seed": finished.seed,
         }
+    out |= turn.upstream_timings()
     out["total_ms"] = round((time.perf_counter() - ctx.started) * 1000, 3)
     return out
 

@@ -344,6 +344,13 @@ class ChatCompletionRequest(SamplingFields):
         return structured.grammar(answer, functions, forced, several)
 
     @property
+    def upstream_fields(self) -> dict[str, Any]:
+        """What an upstream server is given as the client sent it: it follows a JSON answer's format and a tool
+        choice itself (a local model has them as `grammar`)."""
+        fields = ("response_format", "tool_choice", "parallel_tool_calls")
+        return self.model_dump(include=set(fields), exclude_none=True, by_alias=True)
+
+    @property
     def max_tokens_given(self) -> bool:
         return self.max_completion_tokens is not None or self.max_tokens is not None
 

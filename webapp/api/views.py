@@ -45,10 +45,10 @@ from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, route_model
 from webapp.gateway.identity import Identity, identify_key, identify_session
 from webapp.gateway.lifecycle import Turn
+from webapp.gateway.model_status import model_status, refresh
 from webapp.gateway.routing import resolve, unknown_model
 from webapp.transport import APP_HEADER_BYTES
 from webapp.worker import wire
-from webapp.worker.registry import model_load
 
 Request = TypeVar("Request", bound=BaseModel)
 
@@ -172,6 +172,7 @@ async def _generate_chat(turn: Turn, chat: ChatCompletionRequest, stream: bool, 
         n=chat.n,
         tools=chat.tool_definitions,
         continue_final=chat.continue_final_message,
+        passthrough=chat.upstream_fields,
     )
 
 
@@ -220,6 +221,7 @@ async def models(request: HttpRequest, turn: Turn) -> HttpResponse:
         identity = await _authenticate(turn, request)
     except (Exception, asyncio.CancelledError) as exc:
         return await _refused(turn, exc)
+    await refresh()
     data = [await _model_object(r) for r in configured_models() if identity.may_use(r.id)]
     await turn.settle()
     return JsonResponse({"object": "list", "data": data}, headers=turn.ctx.headers())
@@ -248,7 +250,7 @@ async def _model_object(route: ModelRoute) -> dict[str, Any]:
         "created": 0,
         "owned_by": "roundtrip",
         "aliases": list(route.aliases),
-        "status": wire.plain(await sync_to_async(model_load)(route.id)),
+        "status": await model_status(route),
     }
 
 

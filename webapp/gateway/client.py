@@ -25,6 +25,7 @@ from django.conf import settings
 from inference.params import SamplingParams
 from webapp.catalog import ModelRoute
 from webapp.gateway.errors import GatewayError
+from webapp.gateway.upstream import tokenizer as upstream_tokenizer
 from webapp.worker import registry, wire
 
 log = logging.getLogger("roundtrip.gateway")
@@ -178,7 +179,16 @@ class Replies:
 async def _target(route: ModelRoute) -> tuple[str, str | None]:
     """Where to send work for `route`: the least-loaded live worker's inbox (counted in `registry.in_flight`
     until the caller's Generation closes), or, before any worker has reported, the model's shared channel.
-    Whether there is room is the worker's call (heartbeats are up to a second old)."""
+    Whether there is room is the worker's call (heartbeats are up to a second old). An upstream model has no
+    workers here: what only a worker can answer (the page's looks inside the model) is refused."""
+    if route.upstream:
+        raise GatewayError(
+            400,
+            f"{route.id!r} runs on an upstream server: what happens inside it cannot be seen from here.",
+            "invalid_request_error",
+            "upstream_model",
+            "model",
+        )
     workers = await sync_to_async(registry.live_workers, thread_sensitive=False)(route.id)
     worker = registry.pick(workers, route.id)
     if worker is None:
@@ -335,13 +345,17 @@ async def tokenize(
     tools: list[dict[str, Any]] | None = None,
 ) -> wire.Tokens:
     """Ids and token strings for plain `text`, or for `messages` (and `tools`) rendered with the model's chat
-    template."""
+    template (an upstream model's by its server's own tokenizer)."""
+    if route.upstream:
+        return await upstream_tokenizer.tokenize(route, text, messages, tools)
     if messages is not None:
         return await _ask(route, wire.Tokenize, wire.Tokens, messages=messages, tools=tools or None)
     return await _ask(route, wire.Tokenize, wire.Tokens, text=text or "")
 
 
 async def detokenize(route: ModelRoute, ids: list[int]) -> str:
+    if route.upstream:
+        return await upstream_tokenizer.detokenize(route, ids)
     return (await _ask(route, wire.Detokenize, wire.Detokenized, ids=ids)).text
 
 

@@ -31,8 +31,9 @@ from inference.params import SamplingParams
 from webapp.catalog import ModelRoute
 from webapp.gateway import client
 from webapp.gateway.errors import GatewayError
-from webapp.gateway.gateway import RequestContext, limit_and_route, record_usage
+from webapp.gateway.gateway import RequestContext, Stage, limit_and_route, record_usage
 from webapp.gateway.identity import Identity
+from webapp.gateway.upstream import generation as upstream
 from webapp.usage.models import UsageRecord
 from webapp.worker import wire
 
@@ -118,7 +119,7 @@ class Turn:
     def __init__(self, endpoint: str, client_ip: str | None, stream: bool = False) -> None:
         prefix = ID_PREFIXES.get(endpoint, "chatcmpl-")
         self.ctx = RequestContext(client.new_request_id(prefix), endpoint, client_ip, stream=stream)
-        self.generation: client.Generation | None = None
+        self.generation: client.Generation | upstream.UpstreamGeneration | None = None
         self.usage = Usage()
         self.status, self.error_code = 200, ""
         self.record: UsageRecord | None = None
@@ -142,25 +143,47 @@ class Turn:
         return self.ctx.route
 
     async def generate(
-        self, messages: list[dict[str, Any]], params: SamplingParams, level: wire.Level = "off", **options: Any
-    ) -> client.Generation:
-        """Stage 4 begins: the worker accepted the request (or GatewayError); observers hear of it.
+        self,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        level: wire.Level = "off",
+        passthrough: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> client.Generation | upstream.UpstreamGeneration:
+        """Stage 4 begins: the worker (or the upstream server) accepted the request (or GatewayError); observers hear
+        of it.
 
         `level` is what the interface asks of the trace; an observer may ask for more (`trace_at_least`) as the turn
-        starts. The answer is the same either way: interfaces read only the events they always get."""
-        assert self.ctx.route is not None, "admit first"
+        starts. The answer is the same either way: interfaces read only the events they always get. `passthrough`
+        holds request fields an upstream server is given as the client sent them (a JSON answer's format, the tool
+        choice); a local model has them in `params` already."""
+        route = self.ctx.route
+        assert route is not None, "admit first"
         self.level = level
         for observer in _observers:
             await observer.starting(self)
-        self.generation = await client.generate(
-            self.ctx.route, messages, params, self.level, self.ctx.request_id, **options
-        )
+        if route.upstream:
+            started = time.perf_counter()
+            self.generation = await upstream.generate(
+                route, messages, params, self.level, self.ctx.request_id, self.ctx.started, passthrough, **options
+            )
+            # the stage is the gateway's own time: choosing, retrying and sending, not the upstream's first token
+            sent = self.generation.clock.sent
+            self.ctx.stages.append(Stage("upstream", sent - started, self.generation.routing()))
+        else:
+            self.generation = await client.generate(route, messages, params, self.level, self.ctx.request_id, **options)
         accepted = self.generation.accepted
         self.usage.prompt_tokens = accepted.prompt_tokens if accepted else 0
         self.ctx.worker = self.generation.worker or ""
         for observer in _observers:
             await observer.started(self)
         return self.generation
+
+    def upstream_timings(self) -> dict[str, Any]:
+        """For an upstream model's turn: which server answered, after which failures, and the gateway's own time."""
+        if isinstance(self.generation, upstream.UpstreamGeneration):
+            return self.generation.extra_timings()
+        return {}
 
     def trace_at_least(self, level: wire.Level) -> None:
         """Before the turn generates: have the worker send at least this much of the trace."""

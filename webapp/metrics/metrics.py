@@ -152,3 +152,48 @@ gateway_refused = Counter(
 workers_alive = Gauge(
     "roundtrip_workers_alive", "Inference workers with a fresh heartbeat, as this web process sees them."
 )
+
+# --- upstream servers (labelled by the server: "<model id>@host:port") -----------------------------------------------
+UPSTREAM = ["upstream"]
+_GATEWAY = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+upstream_requests = Counter(
+    "roundtrip_upstream_requests",
+    "Requests an upstream server took, by how they ended (ok, error, cancelled).",
+    UPSTREAM + ["outcome"],
+)
+upstream_failures = Counter(
+    "roundtrip_upstream_failures",
+    "Upstream failures, by kind: before the first byte (refused, timeout, status) or mid-stream, or a missed probe.",
+    UPSTREAM + ["reason"],
+)
+upstream_retries = Counter(
+    "roundtrip_upstream_retries",
+    "Requests sent on to another server after this one failed before the first byte.",
+    UPSTREAM,
+)
+upstream_up = Gauge("roundtrip_upstream_up", "1 while the server is in rotation, 0 while it is left out.", UPSTREAM)
+upstream_in_flight = Gauge("roundtrip_upstream_in_flight", "Requests open on the server now.", UPSTREAM)
+upstream_ttft = Histogram(
+    "roundtrip_upstream_time_to_first_token_seconds",
+    "The upstream's time to first token, as the gateway saw it (request out to first token in).",
+    UPSTREAM,
+    buckets=_LATENCY,
+)
+upstream_itl = Histogram(
+    "roundtrip_upstream_inter_token_latency_seconds",
+    "Gaps between the upstream's chunks with text, as the gateway saw them.",
+    UPSTREAM,
+    buckets=_ITL,
+)
+upstream_gateway_request = Histogram(
+    "roundtrip_upstream_gateway_request_seconds",
+    "The gateway's own time before the upstream is asked: request in to upstream request out.",
+    UPSTREAM,
+    buckets=_GATEWAY,
+)
+upstream_gateway_chunk = Histogram(
+    "roundtrip_upstream_gateway_chunk_seconds",
+    "The gateway's own time per chunk: upstream chunk in to client chunk out.",
+    UPSTREAM,
+    buckets=_GATEWAY,
+)

@@ -15,6 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
+from webapp.catalog import local_models
+
 log = logging.getLogger("roundtrip.worker")
 _task: asyncio.Task[None] | None = None
 
@@ -22,6 +24,8 @@ _task: asyncio.Task[None] | None = None
 def ensure_started(loop: asyncio.AbstractEventLoop | None = None) -> None:
     global _task
     if not settings.ROUNDTRIP_INPROCESS_WORKER or (_task is not None and not _task.done()):
+        return
+    if not local_models():  # every model is an upstream server's: nothing to load here
         return
     from webapp.worker.service import serve  # the engine (torch) loads only where the worker runs
 

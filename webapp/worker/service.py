@@ -31,7 +31,7 @@ from django.conf import settings
 from inference.loader import LoadedModel, load_model
 from inference.progress import LoadProgress, terminal_progress
 from inference.scheduler import SchedulerConfig
-from webapp.catalog import ModelRoute, configured_models
+from webapp.catalog import ModelRoute, local_models
 from webapp.worker import registry, wire
 from webapp.worker.outbox import Outbox
 from webapp.worker.runner import EngineRunner
@@ -101,7 +101,7 @@ async def serve(routes: list[ModelRoute] | None = None, show_progress: bool = Tr
     layer = get_channel_layer()
     assert layer is not None, "CHANNEL_LAYERS is not configured"
     loop = asyncio.get_running_loop()
-    routes = routes or list(configured_models())
+    routes = routes or list(local_models())
     outbox = Outbox(layer, loop)
     inbox = await layer.new_channel("inference-worker.")
     worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

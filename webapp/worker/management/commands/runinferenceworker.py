@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from webapp.catalog import configured_models
+from webapp.catalog import local_models
 from webapp.metrics.server import start as start_metrics
 from webapp.worker.service import serve
 
@@ -32,7 +32,7 @@ class Command(BaseCommand):
                 "the in-memory channel layer cannot reach other processes: set REDIS_URL, or just run the site (the "
                 "worker starts inside it)"
             )
-        routes = [r for r in configured_models() if not opts["model"] or r.id in opts["model"]]
+        routes = [r for r in local_models() if not opts["model"] or r.id in opts["model"]]
         if not routes:
             raise CommandError(f"no configured model matches {opts['model']}")
         self.stderr.write(f"inference worker for {', '.join(r.id for r in routes)}")

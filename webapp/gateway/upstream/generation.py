@@ -1,0 +1,338 @@
+"""One request to an upstream model: the server it goes to, its stream read as trace events, the gateway's clocks.
+
+`generate` tries the model's replicas (fewest in flight first), then its fallbacks, until one answers with its first
+chunk: a refused connection, a timeout, a 5xx or 429, or a stream that ends before any chunk sends the request on
+(`ROUNDTRIP_UPSTREAM_ATTEMPTS` servers at most); a 4xx is the request's own fault and is passed on. After the first
+chunk the stream is the client's: a failure then ends it with an error, and the usage row says 502. A client that
+leaves closes the upstream connection, which stops the upstream's generation.
+
+`UpstreamGeneration` answers what the gateway's `Turn` asks of a local generation (`accepted`, `messages()`,
+`cancel()`, `close()`), so every API surface, the page and the usage row work on it unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from inference.params import SamplingParams
+from webapp.catalog import ModelRoute, Upstream
+from webapp.gateway.client import ChoiceEvent
+from webapp.gateway.errors import GatewayError
+from webapp.gateway.upstream import connection, probe, replicas, request_body
+from webapp.gateway.upstream.chunks import ChunkReader
+from webapp.metrics import metrics
+from webapp.worker import wire
+
+DRAIN_SECONDS = 2.0  # after the usage chunk, how long [DONE] may take
+_closing: set[asyncio.Future[None]] = set()  # connections being closed (referenced until done)
+
+
+@dataclass
+class Clock:
+    """The gateway's own time on this request, and the upstream's as the gateway saw it (perf_counter seconds)."""
+
+    arrived: float
+    sent: float = 0.0  # the upstream request went out (the attempt that answered)
+    first_token: float | None = None
+    last_token: float | None = None
+    chunks: int = 0
+    chunk_seconds: float = 0.0  # upstream chunk in -> client chunk out, summed
+
+    def timings(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"gateway_request_ms": round((self.sent - self.arrived) * 1000, 3)}
+        if self.chunks:
+            out["gateway_chunk_ms"] = round(self.chunk_seconds / self.chunks * 1000, 4)
+        if self.first_token is not None:
+            out["upstream_ttft_ms"] = round((self.first_token - self.sent) * 1000, 3)
+        return out
+
+
+class UpstreamGeneration:
+    """An upstream's stream for one request, once its first chunk has come (see `generate`)."""
+
+    def __init__(self, route: ModelRoute, request_id: str, n: int, seed: int, clock: Clock) -> None:
+        self.route = route
+        self.request_id = request_id
+        self.n = n
+        self.seed = seed
+        self.clock = clock
+        self.attempts = replicas.Attempts(route)
+        self.served_by: ModelRoute = route
+        self.upstream: Upstream | None = None
+        self.worker: str | None = None
+        self.control: str | None = None
+        self.accepted: wire.Accepted | None = None
+        self.finished: wire.Finished | None = None
+        self.finished_choices: dict[int, wire.Finished] = {}
+        self.cancelled = False
+        self.closed = False
+        self._response: httpx.Response | None = None
+        self._lines: AsyncIterator[str] | None = None
+        self._first: dict[str, Any] | None = None
+        self.reader = ChunkReader(n, 0.0, seed)
+
+    # --- before the first byte: choose, send, retry --------------------------------------------------------------
+
+    async def start(self, path_and_body: Any) -> None:
+        """Send to one server after another until one streams its first chunk; GatewayError when none does."""
+        while (choice := self.attempts.next()) is not None:
+            served, upstream = choice
+            path, payload = path_and_body(upstream)
+            why, status, retry_after = await self._try(upstream, path, payload)
+            if why is None:
+                self.served_by, self.upstream, self.worker = served, upstream, upstream.name
+                replicas.succeeded(upstream)
+                metrics.upstream_up.labels(upstream.name).set(1)
+                self.accepted = wire.Accepted(
+                    request_id=self.request_id,
+                    control="",
+                    worker=upstream.name,
+                    weights=f"upstream {upstream.model} at {upstream.url}",
+                    prompt_tokens=0,
+                    seed=self.seed,
+                    queued=time.perf_counter() - self.clock.sent,
+                )
+                return
+            self.attempts.failed(served, upstream, why, status)
+            replicas.failed(upstream, why, retry_after)
+            metrics.upstream_failures.labels(upstream.name, "status" if status else _kind(why)).inc()
+            metrics.upstream_retries.labels(upstream.name).inc()
+            metrics.upstream_up.labels(upstream.name).set(0)
+        raise connection.exhausted(self.route.id, self.attempts.tried)
+
+    async def _try(
+        self, upstream: Upstream, path: str, payload: dict[str, Any]
+    ) -> tuple[str | None, int | None, float | None]:
+        """(None, None, None) once `upstream` sent its first chunk; else why it failed, its status, its Retry-After."""
+        state = replicas.state(upstream)
+        state.in_flight += 1
+        metrics.upstream_in_flight.labels(upstream.name).inc()
+        client = connection.http()
+        request = client.build_request(
+            "POST",
+            upstream.url + path,
+            content=json.dumps(payload),
+            headers=connection.headers(upstream, self.request_id),
+        )
+        self.clock.sent = time.perf_counter()
+        self.reader.sent = self.clock.sent
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            self._leave(upstream)
+            return _why(exc), None, None
+        if response.status_code != 200:
+            body = await response.aread()
+            await response.aclose()
+            self._leave(upstream)
+            if response.status_code in connection.RETRYABLE:
+                message, _, _ = connection.upstream_message(body)
+                retry_after = _seconds(response.headers.get("retry-after"))
+                return f"HTTP {response.status_code}: {message}", response.status_code, retry_after
+            metrics.upstream_requests.labels(upstream.name, "refused").inc()
+            raise connection.refused(upstream, response.status_code, body)
+        self._response, self._lines = response, response.aiter_lines()
+        self.upstream = upstream
+        try:
+            first = await self._read()
+        except GatewayError as exc:
+            await self._drop()
+            return exc.message, None, None
+        if first is None:
+            await self._drop()
+            return "the stream ended before its first chunk", None, None
+        self._first = first
+        return None, None, None
+
+    async def _drop(self) -> None:
+        upstream = self.upstream
+        if self._response is not None:
+            await self._response.aclose()
+        self._response = self._lines = None
+        self.upstream = None
+        if upstream is not None:
+            self._leave(upstream)
+
+    @staticmethod
+    def _leave(upstream: Upstream) -> None:
+        replicas.state(upstream).in_flight -= 1
+        metrics.upstream_in_flight.labels(upstream.name).dec()
+
+    # --- the stream ---------------------------------------------------------------------------------------------
+
+    async def _read(self) -> dict[str, Any] | None:
+        """The next chunk (None at the end: [DONE], or the connection closed cleanly); GatewayError when the
+        connection breaks, the upstream goes silent, or it sends an error."""
+        assert self._lines is not None and self.upstream is not None
+        try:
+            async for line in self._lines:
+                if not line or line.startswith(":"):
+                    continue
+                field, _, data = line.partition(":")
+                data = data.strip()
+                if field == "data" and data == "[DONE]":
+                    return None
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise connection.broken(self.upstream, f"it sent a line that is not JSON: {line[:200]!r}") from None
+                if field == "error" or (isinstance(chunk, dict) and "error" in chunk):
+                    message, _, _ = connection.upstream_message(data.encode())
+                    raise connection.broken(self.upstream, f"it sent an error: {message}")
+                if field == "data" and isinstance(chunk, dict):
+                    return chunk
+            return None
+        except httpx.HTTPError as exc:
+            raise connection.broken(self.upstream, _why(exc)) from None
+
+    async def messages(self) -> AsyncIterator[wire.Waiting | ChoiceEvent]:
+        """Each choice's trace events as the upstream's chunks come; GatewayError when the stream breaks."""
+        upstream = self.upstream
+        assert upstream is not None, "start first"
+        outcome = "cancelled"
+        try:
+            chunk, self._first = self._first, None
+            while chunk is not None:
+                arrived = time.perf_counter()
+                for index, event in self.reader.read(chunk, arrived):
+                    if isinstance(event, wire.Sampled) and self._tokens_seen(arrived):
+                        metrics.upstream_ttft.labels(upstream.name).observe(arrived - self.clock.sent)
+                    yield ChoiceEvent(index, event)
+                passed = time.perf_counter() - arrived
+                self.clock.chunks += 1
+                self.clock.chunk_seconds += passed
+                metrics.upstream_gateway_chunk.labels(upstream.name).observe(passed)
+                chunk = await self._next_after(self.reader.done)
+            if not self.reader.finished_all:
+                raise connection.broken(upstream, "the stream ended before the answer did")
+            for index, event in self.reader.finish(time.perf_counter()):
+                assert isinstance(event, wire.Finished)
+                self.finished_choices[index] = event
+                if len(self.finished_choices) == self.n:
+                    self.finished = self.finished_choices.get(0, event)
+                yield ChoiceEvent(index, event)
+            outcome = "ok"
+        except GatewayError as exc:
+            outcome = "error"
+            replicas.failed(upstream, exc.message)
+            metrics.upstream_failures.labels(upstream.name, "mid_stream").inc()
+            metrics.upstream_up.labels(upstream.name).set(0)
+            raise
+        finally:
+            metrics.upstream_requests.labels(upstream.name, outcome).inc()
+            if outcome == "ok":
+                replicas.state(upstream).served += 1
+            self.close()
+
+    async def _next_after(self, done: bool) -> dict[str, Any] | None:
+        """The next chunk; once the answer and its usage are in, only a short wait for the [DONE] after them (read to
+        the end, the connection goes back to the pool for the next request)."""
+        if not done:
+            return await self._read()
+        try:
+            return await asyncio.wait_for(self._read(), DRAIN_SECONDS)
+        except TimeoutError:
+            return None
+
+    def _tokens_seen(self, t: float) -> bool:
+        """Count a token's arrival; True for the first one."""
+        first = self.clock.first_token is None
+        if first:
+            self.clock.first_token = t
+        elif self.clock.last_token is not None and self.upstream is not None and t > self.clock.last_token:
+            metrics.upstream_itl.labels(self.upstream.name).observe(t - self.clock.last_token)
+        self.clock.last_token = t
+        return first
+
+    def extra_timings(self) -> dict[str, Any]:
+        """For `roundtrip_timings`: which server answered, after which failures, and the gateway's own time."""
+        out = self.clock.timings() | {"upstream": self.worker, "upstream_model": self.served_by.id}
+        if self.attempts.tried:
+            out["retried"] = [f"{t['upstream']}: {t['error']}" for t in self.attempts.tried]
+        return out
+
+    def routing(self) -> dict[str, Any]:
+        """The routing decision, as the page draws it: the server that answered and the ones tried before."""
+        assert self.upstream is not None
+        return {
+            "model": self.served_by.id,
+            "upstream": self.upstream.name,
+            "url": self.upstream.url,
+            "upstream_model": self.upstream.model,
+            "replicas": [r.name for r in self.route.replicas],
+            "tried": self.attempts.tried,
+        }
+
+    async def next_token(self) -> None:
+        """Step mode is refused for upstream models (see `request_body`): nothing to release."""
+
+    async def cancel(self) -> None:
+        """The client left: close the connection, which tells the upstream to stop."""
+        if self._response is not None and self.finished is None:
+            self.cancelled = True
+            await self._response.aclose()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._response is not None and not self._response.is_closed:
+            closing = asyncio.ensure_future(self._response.aclose())
+            _closing.add(closing)
+            closing.add_done_callback(_closing.discard)
+        if self.upstream is not None:
+            self._leave(self.upstream)
+
+
+def _why(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    if isinstance(exc, httpx.ConnectError):
+        return f"could not connect ({exc or type(exc).__name__})"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _kind(why: str) -> str:
+    return "timeout" if why.startswith("timed out") else "connect" if why.startswith("could not") else "stream"
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+async def generate(
+    route: ModelRoute,
+    messages: list[dict[str, Any]],
+    params: SamplingParams,
+    level: str,
+    request_id: str,
+    arrived: float,
+    passthrough: dict[str, Any] | None = None,
+    **options: Any,
+) -> UpstreamGeneration:
+    """Start `route`'s generation on the first upstream server that streams (see the module's docstring)."""
+    probe.ensure_running()
+    generation = UpstreamGeneration(route, request_id, options.get("n", 1), params.seed or 0, Clock(arrived))
+
+    def path_and_body(upstream: Upstream) -> tuple[str, dict[str, Any]]:
+        return request_body.body(upstream, messages, params, level, passthrough, **options)
+
+    try:
+        await generation.start(path_and_body)
+    except BaseException:
+        await generation.cancel()
+        generation.close()
+        raise
+    assert generation.upstream is not None
+    metrics.upstream_gateway_request.labels(generation.upstream.name).observe(generation.clock.sent - arrived)
+    return generation
