@@ -15,10 +15,12 @@ from webapp.worker import registry, wire
 
 async def health(request: HttpRequest) -> JsonResponse:
     """Whether each model is ready: a local one loaded and held by a live worker (with load progress), an upstream
-    one with a server in rotation (each server's state); and which workers are alive."""
+    one with a server in rotation (each server's state); and which workers are alive. The answer is 200 once every
+    local model is ready: an upstream server that is down is another machine's state, shown but not this one's (its
+    model may still answer through a fallback)."""
     await refresh()
     statuses = {route.id: await model_status(route) for route in configured_models()}
-    ready = all(s["state"] == "ready" for s in statuses.values())
+    ready = all(statuses[route.id]["state"] == "ready" for route in configured_models() if not route.upstream)
     live = await sync_to_async(registry.live_workers)()
     workers = [{"worker": w.worker, "host": w.host, "pid": w.pid, "models": w.models} for w in live]
     body = wire.plain({"ready": ready, "models": statuses, "workers": workers})
