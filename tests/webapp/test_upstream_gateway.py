@@ -119,7 +119,11 @@ class Streamed:
 
 
 def _stream(server: Deployment, body: dict[str, Any], path: str = "chat/completions") -> Streamed:
-    text, usage, errors, timings, done = [], None, [], {}, False
+    text: list[str] = []
+    usage: dict[str, Any] | None = None
+    errors: list[dict[str, Any]] = []
+    timings: dict[str, Any] = {}
+    done = False
     with httpx.stream(
         "POST", f"{server.url}/v1/{path}", json=body, headers={"Authorization": f"Bearer {server.key}"}, timeout=60
     ) as response:

@@ -1,0 +1,246 @@
+"""What Roundtrip's gateway adds in front of another server: llama.cpp's llama-server on the same GGUF, streamed to
+directly and through the gateway (and through LiteLLM's proxy, when it is installed), by the same client, alternating.
+
+    python benchmarks/bench_gateway.py [--levels 1,8] [--requests 40] [--max-tokens 64] [--litellm PATH]
+
+Starts llama-server (built by ../shared/tools/llamacpp-reference; `--parallel` = the highest level) and a Roundtrip
+gateway (`manage.py serve`, a fresh SQLite file, an unlimited key) whose only model is that llama-server, an upstream
+entry of ROUNDTRIP_MODELS: every request passes the whole gateway (key, limits, route, usage row). With `--litellm`
+(the `litellm` command of a venv with `litellm[proxy]`), LiteLLM's proxy in front of the same llama-server is
+measured too, as the reference a deployment would otherwise use.
+
+At one stream, requests go one at a time, cycling through the targets (the order turned every round, so no target
+always follows another); at N streams, each round runs N concurrent streams against one target, the targets taking
+turns. Every request has its own prompt (so llama-server's prompt cache helps none), greedy, `ignore_eos`, exactly
+`--max-tokens` tokens. The client is `benchmarks.lean_stream` (the same for every target), on the same two cores.
+Prints TTFT and ITL p50 and aggregate tokens/s per target and level, what the gateway adds, and the issue's bars:
+at one stream at most +2 ms TTFT p50 and +0.3 ms ITL p50; at 8 streams at most 5 % less throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from servers import free_port, manage, start, stop, wait_ready  # noqa: E402  (the tests' server helpers)
+
+from benchmarks.bench_serving import TOPICS, Target, llama_server, model_file, one_request  # noqa: E402
+from webapp.benchmark.measure import RequestResult  # noqa: E402
+
+BARS = {"ttft_ms": 2.0, "itl_ms": 0.3, "throughput_loss": 0.05}
+
+
+@contextmanager
+def gateway(workdir: Path, upstream: Target) -> Iterator[Target]:
+    """`manage.py serve` with one model, the llama-server upstream (no local model: nothing loads here)."""
+    models = [{"id": "llama", "url": upstream.url, "upstream_model": "default", "aliases": []}]
+    env = {
+        **os.environ,
+        "ROUNDTRIP_SQLITE_PATH": str(workdir / "gateway.sqlite3"),
+        "ROUNDTRIP_DEBUG": "0",
+        "ROUNDTRIP_SECRET_KEY": "bench",
+        "ROUNDTRIP_MODELS": json.dumps(models),
+        "PYTHONUNBUFFERED": "1",
+    }
+    manage(env, "migrate", "--noinput")
+    key = manage(env, "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0")
+    port = free_port()
+    log = workdir / "gateway.log"
+    process = start(env, log, "serve", "--port", str(port))
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", [process], [log], timeout=120)
+        yield Target(f"http://127.0.0.1:{port}/v1", key.strip().split()[-1], process.pid)
+    finally:
+        stop([process])
+
+
+@contextmanager
+def litellm_proxy(workdir: Path, command: str | None, upstream: Target) -> Iterator[Target | None]:
+    """LiteLLM's proxy (`litellm --model openai/default --api_base ...`) in front of the same llama-server."""
+    if not command:
+        yield None
+        return
+    port = free_port()
+    config = workdir / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: llama\n"
+        "    litellm_params:\n"
+        "      model: openai/default\n"
+        f"      api_base: {upstream.url}\n"
+        "      api_key: none\n"
+    )
+    log = workdir / "litellm.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [command, "--config", str(config), "--port", str(port), "--host", "127.0.0.1", "--num_workers", "1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "LITELLM_LOG": "ERROR"},
+        )
+    try:
+        deadline = time.monotonic() + 120
+        import httpx2 as httpx
+
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None:
+                raise RuntimeError(f"LiteLLM's proxy stopped:\n{log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield Target(f"http://127.0.0.1:{port}/v1", "none", process.pid)
+    finally:
+        stop([process])
+
+
+class Prompts:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def next(self) -> str:
+        self.n += 1
+        return f"Request {self.n}: write a long, detailed story about {TOPICS[self.n % len(TOPICS)]}."
+
+
+def _p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+async def one_stream(
+    targets: dict[str, tuple[Target, str]], requests: int, max_tokens: int, prompts: Prompts
+) -> dict[str, list[RequestResult]]:
+    """One request at a time, cycling through the targets, the order turned every round."""
+    names = list(targets)
+    out: dict[str, list[RequestResult]] = {name: [] for name in names}
+    for i in range(requests):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            target, model = targets[name]
+            out[name].append(await one_request(target.url, target.key, model, prompts.next(), max_tokens, i))
+    return out
+
+
+async def many_streams(
+    targets: dict[str, tuple[Target, str]], streams: int, rounds: int, max_tokens: int, prompts: Prompts
+) -> dict[str, tuple[list[RequestResult], float]]:
+    """`rounds` rounds per target of `streams` concurrent requests, the targets taking turns; (results, seconds)."""
+    out: dict[str, tuple[list[RequestResult], float]] = {name: ([], 0.0) for name in targets}
+    names = list(targets)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            target, model = targets[name]
+            started = time.perf_counter()
+            results = await asyncio.gather(
+                *(one_request(target.url, target.key, model, prompts.next(), max_tokens, i) for i in range(streams))
+            )
+            results_so_far, seconds = out[name]
+            out[name] = (results_so_far + list(results), seconds + time.perf_counter() - started)
+    return out
+
+
+def row(results: list[RequestResult], seconds: float | None = None) -> dict[str, float]:
+    ttfts = [r.ttft for r in results if r.ttft is not None]
+    gaps = [g for r in results for g in r.itls()]
+    tokens = sum(r.output_tokens for r in results)
+    out = {
+        "requests": len(results),
+        "errors": sum(bool(r.error) for r in results),
+        "ttft_p50_ms": _p50(ttfts) * 1000,
+        "itl_p50_ms": _p50(gaps) * 1000,
+    }
+    if seconds:
+        out["tok_s"] = tokens / seconds
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="1,8", help="concurrent streams, comma-separated (1 is one at a time)")
+    parser.add_argument("--requests", type=int, default=40, help="requests per target at one stream")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per target at more streams")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--model", default="", help="GGUF file or bundled model (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--litellm", default=shutil.which("litellm"), help="LiteLLM's `litellm` command, if any")
+    parser.add_argument("--output", help="write the table as JSON here")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    model_path = model_file(args.model)
+    threads = os.cpu_count() or 2
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="roundtrip-gateway-bench-") as tmp:
+        workdir = Path(tmp)
+        with llama_server(workdir, levels, model_path, threads) as upstream:
+            if upstream is None:
+                raise SystemExit("llama-server is needed: run ../shared/tools/llamacpp-reference")
+            with gateway(workdir, upstream) as ours, litellm_proxy(workdir, args.litellm, upstream) as litellm:
+                targets = {"llama-server": (upstream, "default"), "roundtrip": (ours, "llama")}
+                if litellm is not None:
+                    targets["litellm"] = (litellm, "llama")
+                prompts = Prompts()
+                asyncio.run(one_stream(targets, 3, 8, prompts))  # warm-up: connections, caches; not counted
+                for level in levels:
+                    if level == 1:
+                        found = asyncio.run(one_stream(targets, args.requests, args.max_tokens, prompts))
+                        rows = {name: row(results) for name, results in found.items()}
+                    else:
+                        timed = asyncio.run(many_streams(targets, level, args.rounds, args.max_tokens, prompts))
+                        rows = {name: row(results, seconds) for name, (results, seconds) in timed.items()}
+                    table[str(level)] = rows
+                    for name, r in rows.items():
+                        print(
+                            f"  {level} streams, {name}: {json.dumps({k: round(v, 3) for k, v in r.items()})}",
+                            file=sys.stderr,
+                        )
+    report(table, model_path, args.max_tokens)
+    if args.output:
+        Path(args.output).write_text(json.dumps(table, indent=2))
+
+
+def report(table: dict[str, dict[str, dict[str, float]]], model_path: str, max_tokens: int) -> None:
+    print(
+        f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); client on the same machine"
+    )
+    print(f"{'streams':>8} {'target':<14}{'requests':>9}{'errors':>7}{'TTFT p50':>11}{'ITL p50':>10}{'tok/s':>9}")
+    for level, rows in table.items():
+        for name, r in rows.items():
+            tok_s = f"{r['tok_s']:9.1f}" if "tok_s" in r else f"{'':>9}"
+            print(
+                f"{level:>8} {name:<14}{r['requests']:>9}{r['errors']:>7}{r['ttft_p50_ms']:>9.2f}ms"
+                f"{r['itl_p50_ms']:>8.3f}ms{tok_s}"
+            )
+    for proxy in ("roundtrip", "litellm"):
+        added = []
+        if "1" in table and proxy in table["1"]:
+            direct, through = table["1"]["llama-server"], table["1"][proxy]
+            ttft = through["ttft_p50_ms"] - direct["ttft_p50_ms"]
+            itl = through["itl_p50_ms"] - direct["itl_p50_ms"]
+            bars = f" (bars: <= {BARS['ttft_ms']} ms, <= {BARS['itl_ms']} ms)" if proxy == "roundtrip" else ""
+            added.append(f"1 stream: TTFT p50 {ttft:+.2f} ms, ITL p50 {itl:+.3f} ms{bars}")
+        if "8" in table and proxy in table["8"]:
+            loss = 1 - table["8"][proxy]["tok_s"] / table["8"]["llama-server"]["tok_s"]
+            bar = f" (bar: <= {BARS['throughput_loss']:.0%})" if proxy == "roundtrip" else ""
+            added.append(f"8 streams: throughput {-loss:+.1%}{bar}")
+        if added:
+            print(f"{proxy} adds: " + "; ".join(added))
+
+
+if __name__ == "__main__":
+    main()
