@@ -25,7 +25,7 @@ from inference.params import SamplingParams
 from webapp.catalog import ModelRoute, Upstream
 from webapp.gateway.client import ChoiceEvent
 from webapp.gateway.errors import GatewayError
-from webapp.gateway.upstream import connection, probe, replicas, request_body
+from webapp.gateway.upstream import connection, probe, replicas, request_body, tokenizer
 from webapp.gateway.upstream.chunks import ChunkReader
 from webapp.metrics import metrics
 from webapp.worker import wire
@@ -77,6 +77,7 @@ class UpstreamGeneration:
         self._lines: AsyncIterator[str] | None = None
         self._first: dict[str, Any] | None = None
         self.reader = ChunkReader(n, 0.0, seed)
+        self.tokenized: wire.Tokenized | None = None  # the prompt's tokens, for the page (see `generate`)
 
     # --- before the first byte: choose, send, retry --------------------------------------------------------------
 
@@ -95,7 +96,7 @@ class UpstreamGeneration:
                     control="",
                     worker=upstream.name,
                     weights=f"upstream {upstream.model} at {upstream.url}",
-                    prompt_tokens=0,
+                    prompt_tokens=len(self.tokenized.ids) if self.tokenized else 0,
                     seed=self.seed,
                     queued=time.perf_counter() - self.clock.sent,
                 )
@@ -198,6 +199,8 @@ class UpstreamGeneration:
         assert upstream is not None, "start first"
         outcome = "cancelled"
         try:
+            if self.tokenized is not None:
+                yield ChoiceEvent(0, self.tokenized)
             chunk, self._first = self._first, None
             while chunk is not None:
                 arrived = time.perf_counter()
@@ -291,6 +294,32 @@ class UpstreamGeneration:
             self._leave(self.upstream)
 
 
+async def _tokenized(
+    route: ModelRoute, messages: list[dict[str, Any]], prompt: str | None, tools: list[dict[str, Any]] | None
+) -> wire.Tokenized | None:
+    """The prompt as the upstream tokenizes it (its chat template applied by the upstream), or None when the
+    upstream exposes no tokenizer: the page then says so instead of guessing with another model's."""
+    started = time.perf_counter()
+    try:
+        if prompt is not None:
+            found = await tokenizer.tokenize(route, text=prompt)
+        else:
+            found = await tokenizer.tokenize(route, messages=messages, tools=tools)
+    except GatewayError:
+        return None
+    now = time.perf_counter()
+    return wire.Tokenized(
+        t=now,
+        duration=now - started,
+        text=found.text if found.text is not None else prompt or "",
+        ids=found.ids,
+        spans=found.spans,
+        tokens=found.tokens,
+        pieces=found.tokens,
+        tokenizer="the upstream's own",
+    )
+
+
 def _why(exc: httpx.HTTPError) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"timed out ({type(exc).__name__})"
@@ -323,6 +352,8 @@ async def generate(
     """Start `route`'s generation on the first upstream server that streams (see the module's docstring)."""
     probe.ensure_running()
     generation = UpstreamGeneration(route, request_id, options.get("n", 1), params.seed or 0, Clock(arrived))
+    if level != "off":  # the page watches: the prompt's tokens by the upstream's own tokenizer, where it has one
+        generation.tokenized = await _tokenized(route, messages, options.get("prompt"), options.get("tools"))
 
     def path_and_body(upstream: Upstream) -> tuple[str, dict[str, Any]]:
         return request_body.body(upstream, messages, params, level, passthrough, **options)
