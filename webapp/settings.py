@@ -203,6 +203,9 @@ ROUNDTRIP_LOAD = load_config("ROUNDTRIP_")
 ROUNDTRIP_WORKER_START_TIMEOUT = env_int("ROUNDTRIP_WORKER_START_TIMEOUT", 15)
 # Seconds without a word from a worker that took a request and still beats (after that, 503 worker_timeout).
 ROUNDTRIP_WORKER_TIMEOUT = env_int("ROUNDTRIP_WORKER_TIMEOUT", 120)
+# Seconds a key that passed is remembered by a web process (0: look every key up): a key revoked by another process
+# stops working within this time (see webapp/gateway/identity.py).
+ROUNDTRIP_KEY_CACHE_SECONDS = env_float("ROUNDTRIP_KEY_CACHE_SECONDS", 5.0)
 # Upstream models (entries of ROUNDTRIP_MODELS with a "url"): seconds to connect, seconds an upstream may stay silent
 # before its request fails, how many servers (replicas, then fallbacks) a request tries before its first byte, how
 # long a failed server is left out, and how often every server is probed.

@@ -91,7 +91,7 @@ $("save").addEventListener("click", async () => {
 $("export-json").addEventListener("click", () => current && download("bench.json", new Blob([JSON.stringify(current, null, 1)], { type: "application/json" })));
 $("export-csv").addEventListener("click", () => {
   if (!current) return;
-  const cols = ["status", "error", "ttft_ms", "e2e_ms", "tokens", "tokens_per_s", "mean_itl_ms", "server_ttft_ms", "server_itl_ms", "request_id"];
+  const cols = ["status", "error", "ttft_ms", "e2e_ms", "tokens", "tokens_per_s", "mean_itl_ms", "server_ttft_ms", "server_itl_ms", "gateway_ms", "gateway_chunk_ms", "upstream", "request_id"];
   // a text cell a spreadsheet would run as a formula (=, +, -, @, tab, CR first) gains a leading apostrophe
   const safe = (v) => (typeof v === "string" && /^[=+\-@\t\r]/.test(v) ? `'${v}` : v);
   const quote = (v) => `"${String(safe(v) ?? "").replace(/"/g, '""')}"`;

@@ -1,6 +1,8 @@
 // One streamed chat completion, timed in the browser: fetch + the response body's reader, performance.now() per chunk.
 // TTFT: from just before fetch() to the first chunk that carries text; ITL: between text chunks, per token
 // (a chunk with k tokens, by the running usage counts, counts as k gaps of gap / k); E2E: to the end of the stream.
+// Every lane goes through this server's gateway, whether its model runs here or on an upstream server, so the browser
+// reaches any configured model (no CORS) and the gateway's own time is read from each answer's roundtrip_timings.
 
 export async function streamOnce({ model, prompt, maxTokens, temperature, apiKey, signal }) {
   const headers = { "Content-Type": "application/json" };
@@ -11,7 +13,8 @@ export async function streamOnce({ model, prompt, maxTokens, temperature, apiKey
     stream_options: { include_usage: true, continuous_usage_stats: true },
   };
   const run = { status: 0, error: "", ttft_ms: null, e2e_ms: null, tokens: 0, chunks: [], chunk_tokens: [], text: "",
-                server_ttft_ms: null, server_itl_ms: null, request_id: "" };
+                server_ttft_ms: null, server_itl_ms: null, gateway_ms: null, gateway_chunk_ms: null, upstream: "",
+                request_id: "" };
   const started = performance.now();
   let response;
   try {
@@ -58,6 +61,11 @@ export async function streamOnce({ model, prompt, maxTokens, temperature, apiKey
       if (chunk.roundtrip_timings) {
         run.server_ttft_ms = chunk.roundtrip_timings.ttft_ms ?? null;
         run.server_itl_ms = chunk.roundtrip_timings.mean_itl_ms ?? null;
+        // the gateway's own time: its checks (and, for an upstream model, choosing and asking the server), and per
+        // chunk passed on from an upstream server
+        run.gateway_ms = chunk.roundtrip_timings.gateway_ms ?? null;
+        run.gateway_chunk_ms = chunk.roundtrip_timings.gateway_chunk_ms ?? null;
+        run.upstream = chunk.roundtrip_timings.upstream ?? "";
       }
     }
   }

@@ -21,6 +21,9 @@ export function laneSummary(lane) {
     e2e: describe(ok.map((r) => r.e2e_ms)),
     serverTtft: describe(ok.map((r) => r.server_ttft_ms)),
     serverItl: describe(ok.map((r) => r.server_itl_ms)),
+    gateway: describe(ok.map((r) => r.gateway_ms)),
+    gatewayChunk: describe(ok.map((r) => r.gateway_chunk_ms)),
+    upstreams: [...new Set(ok.map((r) => r.upstream).filter(Boolean))],
     errors: lane.runs.filter((r) => r.error).map((r) => r.error),
   };
 }

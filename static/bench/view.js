@@ -9,7 +9,7 @@ const fmt = (v, digits = 1) => (v === null || v === undefined ? "—" : v.toFixe
 export function drawSummary(table, lanes) {
   const head = el("tr");
   for (const h of ["lane", "ok", "TTFT median / p95 / σ (ms)", "ITL median / p95 / σ (ms)", "tokens/s median", "E2E median (ms)",
-    "server TTFT (ms)", "server ITL (ms)", "browser − server TTFT (ms)"]) head.append(el("th", {}, h));
+    "server TTFT (ms)", "server ITL (ms)", "browser − server TTFT (ms)", "gateway (ms; per chunk)", "served by"]) head.append(el("th", {}, h));
   table.replaceChildren(el("thead"), el("tbody"));
   table.tHead.append(head);
   for (const lane of lanes) {
@@ -18,8 +18,11 @@ export function drawSummary(table, lanes) {
     const gap = s.ttft.median !== null && s.serverTtft.median !== null ? s.ttft.median - s.serverTtft.median : null;
     const cells = [lane.name, `${s.ok}/${s.total}`, `${fmt(s.ttft.median)} / ${fmt(s.ttft.p95)} / ${fmt(s.ttft.std)}`,
       `${fmt(s.itl.median)} / ${fmt(s.itl.p95)} / ${fmt(s.itl.std)}`, fmt(s.tps.median), fmt(s.e2e.median, 0),
-      fmt(s.serverTtft.median), fmt(s.serverItl.median), fmt(gap)];
-    cells.forEach((c, i) => row.append(el("td", { "data-col": ["lane", "ok", "ttft", "itl", "tps", "e2e", "server-ttft", "server-itl", "gap"][i] }, c)));
+      fmt(s.serverTtft.median), fmt(s.serverItl.median), fmt(gap),
+      s.gatewayChunk.median !== null ? `${fmt(s.gateway.median)}; ${fmt(s.gatewayChunk.median, 3)}` : fmt(s.gateway.median),
+      s.upstreams.join(", ") || "this server"];
+    const names = ["lane", "ok", "ttft", "itl", "tps", "e2e", "server-ttft", "server-itl", "gap", "gateway", "served-by"];
+    cells.forEach((c, i) => row.append(el("td", { "data-col": names[i] }, c)));
     table.tBodies[0].append(row);
     if (s.errors.length) table.tBodies[0].append(el("tr", { class: "error" }, `${lane.name}: ${s.errors.length} failed — ${s.errors[0]}`));
   }

@@ -8,13 +8,13 @@ import { ItlChart, NormChart, StepChart } from "./charts.js";
 import { copyIdsButton } from "./copy_ids.js";
 import { FeedForwardView } from "./feed_forward_view.js";
 import { Heatmap } from "./heatmap.js";
-import { ttftParts } from "./latency_parts.js";
+import { serverParts } from "./latency_parts.js";
 import { drawLayerStack } from "./layer_stack.js";
 import { LoopStrip } from "./loop_strip.js";
 import { StreamingMarkdown } from "./markdown.js";
 import { drawRope } from "./rope_view.js";
 import { roving } from "./roving.js";
-import { SEGMENT_LABELS, tokenAt, tokenChip } from "./tokens.js";
+import { messageRange, SEGMENT_LABELS, tokenAt, tokenChip } from "./tokens.js";
 
 const STREAM_ROWS = 40; // the newest frames listed in the streaming stage
 let itlChart = null;
@@ -25,6 +25,7 @@ const CHART_MS = 250; // charts and the full-detail pictures follow a streaming 
 // What this run has drawn so far; the widgets live in stage fields that resetStages empties, so they go with it.
 const fresh = () => ({
   run: null,
+  upstream: false, // the stages show what an upstream server's API reveals instead of the model's inside
   seen: {}, // stage -> the run's version it was drawn at
   forwards: 0,
   pictured: 0,
@@ -71,16 +72,27 @@ export function resetStages() {
   });
   document.querySelectorAll(".stage .clock").forEach((c) => (c.textContent = ""));
   document.querySelector('#stage-forward [data-box="full"]').hidden = true;
+  showBoxes(false);
   Object.assign(drawn, fresh());
   Object.assign(cursor, { step: null, moved: false });
+}
+
+// Each stage's boxes for a model this server runs ("local": drawn from inside it), or for an upstream model
+// ("upstream": what its API reveals, and why the rest is out of sight).
+function showBoxes(upstream) {
+  for (const box of document.querySelectorAll('.stage [data-box="local"], .stage [data-box="upstream"]')) box.hidden = (box.dataset.box === "upstream") !== upstream;
 }
 
 // The stages, each drawn from the run alone, so any of them can catch up at any time.
 const STAGE_DRAWS = {
   request: drawRequest,
   gateway: drawGateway,
-  tokens: (run) => run.tokenized && run.context && drawTokens(run),
+  tokens: (run) => {
+    if (run.upstream && !run.tokenized) noTokenizer(run);
+    else if (run.tokenized && (run.context || run.upstream)) drawTokens(run);
+  },
   context: (run) => {
+    if (run.upstream) drawUpstreamContext(run);
     if (!run.tokenized || !run.context) return;
     drawContext(run);
     if (run.finished && !drawn.cacheFinal) {
@@ -89,6 +101,7 @@ const STAGE_DRAWS = {
     }
   },
   forward: (run) => {
+    if (run.upstream) drawClosedBox(run);
     if (!run.lastForward) return;
     if (run.forwards.length !== drawn.forwards) drawForward(run, shownForward(run));
     drawForwardPictures(run);
@@ -121,6 +134,10 @@ export function drawRun(run, shown = () => true, again = () => {}) {
   if (drawn.run !== run) {
     resetStages();
     drawn.run = run;
+  }
+  if (run.upstream && !drawn.upstream) {
+    drawn.upstream = true;
+    showBoxes(true);
   }
   if (run.done && !cursor.moved && cursor.step === null && run.steps.get(1)?.sampled) {
     cursor.step = 1;

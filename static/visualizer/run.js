@@ -73,6 +73,13 @@ export class Run {
     return this.batches.get(forward.batch_step) ?? null;
   }
 
+  // An upstream model's routing decision (the server that answered, those tried before it), from the accepted frame;
+  // null for a model this server runs. An upstream's turn has no context, forward or batch events: its inside is out
+  // of sight.
+  get upstream() {
+    return this.accepted?.upstream ?? null;
+  }
+
   get lastForward() {
     return this.forwards[this.forwards.length - 1] ?? null;
   }

@@ -43,7 +43,7 @@ from webapp.gateway import client
 from webapp.gateway.client_ip import client_ip
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, route_model
-from webapp.gateway.identity import Identity, identify_key, identify_session
+from webapp.gateway.identity import Identity, identify_key, identify_session, known_key
 from webapp.gateway.lifecycle import Turn
 from webapp.gateway.model_status import model_status, refresh
 from webapp.gateway.routing import resolve, unknown_model
@@ -130,7 +130,7 @@ async def _authenticate(turn: Turn, request: HttpRequest) -> Identity:
             user.pk if user.is_authenticated else None, request.session.session_key or "", turn.ctx.client_ip
         )
     else:
-        identity = await sync_to_async(identify_key)(authorization)
+        identity = known_key(authorization) or await sync_to_async(identify_key)(authorization)
     return turn.authenticated(identity, started)
 
 

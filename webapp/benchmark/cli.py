@@ -1,6 +1,8 @@
 """`python -m webapp.benchmark` / `python manage.py bench`: latency and throughput of any OpenAI-compatible server.
 
     python -m webapp.benchmark --url http://127.0.0.1:8000/v1 --api-key rt-... --concurrency 1,4,16 --requests 32
+    python manage.py bench --model smollm2,far-away --concurrency 1,8     # several models behind one gateway
+    python manage.py bench --target http://127.0.0.1:8080/v1 default --target http://127.0.0.1:8000/v1 smollm2 KEY_ENV
 
 Streams every request over SSE and times it on the client (see `webapp.benchmark.measure` for what
 starts and stops each clock). Warm-up requests are sent first and left out. Bounded: at most
@@ -38,7 +40,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="bearer key (default $OPENAI_API_KEY)"
     )
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default="default", help="a model, or a comma list: each is swept in turn at --url")
+    p.add_argument(
+        "--target",
+        nargs="+",
+        action="append",
+        metavar=("URL", "MODEL"),
+        help="URL MODEL [KEY_ENV]: a server to sweep (repeat for several; instead of --url and --model); its key from "
+        "the environment variable KEY_ENV, else --api-key",
+    )
     p.add_argument("--requests", type=int, default=32, help="requests per level (not counting warm-up)")
     p.add_argument(
         "--concurrency", default="", help="concurrent clients: one level or a comma list for a sweep (default 1)"
@@ -89,8 +99,38 @@ def levels(args: argparse.Namespace) -> list[Level]:
     return [Level(concurrency=c) for c in values]
 
 
+def endpoints(args: argparse.Namespace) -> list[Endpoint]:
+    """What the run sweeps: each --target, or each model of --model at --url."""
+    if not args.target:
+        return [Endpoint(args.url.rstrip("/"), args.api_key, model) for model in args.model.split(",") if model]
+    found = []
+    for target in args.target:
+        if len(target) not in (2, 3):
+            raise SystemExit("--target takes URL MODEL [KEY_ENV]")
+        key = args.api_key
+        if len(target) == 3:
+            if target[2] not in os.environ:
+                raise SystemExit(f"--target {target[0]}: the environment variable {target[2]} is not set")
+            key = os.environ[target[2]]
+        found.append(Endpoint(target[0].rstrip("/"), key, target[1]))
+    return found
+
+
 async def run(args: argparse.Namespace, console: Console) -> tuple[list[LevelRun], list[dict[str, Any]]]:
-    endpoint = Endpoint(args.url.rstrip("/"), args.api_key, args.model)
+    runs, summaries = [], []
+    swept = endpoints(args)
+    for endpoint in swept:
+        label = f"{endpoint.model} at {endpoint.url}" if len(swept) > 1 else ""
+        found = await run_target(args, console, endpoint, label)
+        runs += found[0]
+        summaries += found[1]
+    return runs, summaries
+
+
+async def run_target(
+    args: argparse.Namespace, console: Console, endpoint: Endpoint, label: str
+) -> tuple[list[LevelRun], list[dict[str, Any]]]:
+    """Every level against one server and model (`label` names it when a run sweeps several)."""
     settings = Settings(args.ignore_eos, args.temperature, args.timeout, args.max_duration)
     targets = Targets(
         *(
@@ -115,14 +155,14 @@ async def run(args: argparse.Namespace, console: Console) -> tuple[list[LevelRun
         transient=False,
     ) as bar:
         if warmup:
-            task = bar.add_task("warm-up", total=len(warmup))
+            task = bar.add_task(f"{label} warm-up".strip(), total=len(warmup))
             await run_level(endpoint, Level(concurrency=1), warmup, settings, args.seed, lambda r: bar.advance(task))
         for i, level in enumerate(args.levels):
             async with httpx.AsyncClient(timeout=60) as client:
                 items = await build_items(
                     client, endpoint, args.requests, prompt_tokens, max_tokens, args.seed + 100 * i, args.dataset
                 )
-            task = bar.add_task(level.name, total=len(items))
+            task = bar.add_task(f"{label} {level.name}".strip(), total=len(items))
             level_run = await run_level(
                 endpoint,
                 level,
@@ -131,6 +171,7 @@ async def run(args: argparse.Namespace, console: Console) -> tuple[list[LevelRun
                 args.seed + i,
                 lambda r, task=task: bar.advance(task),  # type: ignore[misc]
             )
+            level_run.target = label
             runs.append(level_run)
             summaries.append(level_run.summary(targets))
     return runs, summaries
@@ -146,8 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(summaries, Console())
     if args.output:
         meta = {
-            "url": args.url,
-            "model": args.model,
+            "targets": [{"url": e.url, "model": e.model} for e in endpoints(args)],
             "requests": args.requests,
             "prompt_tokens": args.prompt_tokens,
             "max_tokens": args.max_tokens,

@@ -61,5 +61,8 @@ CSV_FIELDS = (
     "mean_itl_ms",
     "server_ttft_ms",
     "server_itl_ms",
+    "gateway_ms",
+    "gateway_chunk_ms",
+    "upstream",
     "request_id",
 )

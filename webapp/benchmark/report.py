@@ -111,8 +111,8 @@ def plot(output: Path, runs: Sequence[LevelRun], summaries: Sequence[dict[str, A
     import numpy as np
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    ttfts = {run.level.name: [r.ttft * 1000 for r in run.results if r.ok and r.ttft is not None] for run in runs}
-    itls = {run.level.name: [g * 1000 for r in run.results if r.ok for g in r.itls()] for run in runs}
+    ttfts = {run.name: [r.ttft * 1000 for r in run.results if r.ok and r.ttft is not None] for run in runs}
+    itls = {run.name: [g * 1000 for r in run.results if r.ok for g in r.itls()] for run in runs}
     for ax, data, bins in ((axes[0], ttfts, 30), (axes[1], itls, 60)):
         every = [v for values in data.values() for v in values]
         edges = np.histogram_bin_edges(every, bins=bins) if every else bins  # the same bins for every level
@@ -142,7 +142,7 @@ def plot(output: Path, runs: Sequence[LevelRun], summaries: Sequence[dict[str, A
     fig, ax = plt.subplots(figsize=(11, 3.5))
     for run in runs:
         medians = itl_by_position(run.results)
-        ax.plot(range(1, len(medians) + 1), [m * 1000 for m in medians], label=run.level.name)
+        ax.plot(range(1, len(medians) + 1), [m * 1000 for m in medians], label=run.name)
     ax.set(title="inter-token latency by output position (median over requests)", xlabel="token position", ylabel="ms")
     ax.legend(fontsize=8)
     paths.append(_save(fig, f"{stem}-itl-by-position.png"))

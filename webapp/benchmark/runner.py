@@ -34,9 +34,14 @@ class LevelRun:
     level: Level
     results: list[RequestResult] = field(default_factory=list)
     wall: float = 0.0
+    target: str = ""  # which server and model, when a run sweeps several
+
+    @property
+    def name(self) -> str:
+        return f"{self.target} · {self.level.name}" if self.target else self.level.name
 
     def summary(self, targets: Targets) -> dict[str, Any]:
-        return {"level": self.level.name, **summarize(self.results, self.wall, targets)}
+        return {"level": self.name, **summarize(self.results, self.wall, targets)}
 
 
 @dataclass(frozen=True)

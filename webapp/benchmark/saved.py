@@ -38,6 +38,9 @@ class Run(Kept):
     tokens_per_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     server_ttft_ms: Milliseconds | None = None
     server_itl_ms: Milliseconds | None = None
+    gateway_ms: Milliseconds | None = None  # the gateway's own time on the request (roundtrip_timings)
+    gateway_chunk_ms: Milliseconds | None = None  # per chunk passed on from an upstream server
+    upstream: Annotated[str, Field(max_length=200)] = ""  # the upstream server that answered, if any
     request_id: Annotated[str, Field(max_length=100)] = ""
 
 

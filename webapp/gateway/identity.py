@@ -1,14 +1,26 @@
-"""Who is asking: an API key from the Authorization header, else the browser's Django session."""
+"""Who is asking: an API key from the Authorization header, else the browser's Django session.
+
+A key that passed is remembered in this process for `ROUNDTRIP_KEY_CACHE_SECONDS`, so the next request with it is
+let in without a database query or a thread hop (about 1.5 ms of every request's time to first token). A change to
+the key in this process (revoked, edited, deleted) forgets it at once; one made by another process takes effect
+here within those seconds. Expiry is checked on every request.
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+from django.utils import timezone
 
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.limits import Limits
-from webapp.keys.models import ApiKey, KeyRejected
+from webapp.keys.models import TOUCH_INTERVAL, ApiKey, KeyRejected, hash_key
 
 
 @dataclass(frozen=True)
@@ -35,18 +47,66 @@ def _unauthorized(message: str) -> GatewayError:
     return GatewayError(401, message, "invalid_request_error", "invalid_api_key")
 
 
-def identify_key(authorization: str | None) -> Identity:
-    """The identity behind `Authorization: Bearer <key>`; 401 for a missing, unknown, revoked or expired key."""
+_known: dict[str, tuple[float, Identity]] = {}  # key hash -> (monotonic deadline, identity)
+
+
+def _raw_key(authorization: str | None) -> str:
     if not authorization:
         raise _unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer rt-...'.")
     scheme, _, raw = authorization.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         raise _unauthorized("Malformed Authorization header; expected 'Bearer <API key>'.")
+    return raw.strip()
+
+
+def known_key(authorization: str | None) -> Identity | None:
+    """The identity of a key let in moments ago (no database, safe on the event loop); None when it must be looked
+    up (`identify_key`): unknown here, remembered too long, expired, or due for its `last_used_at`."""
     try:
-        key = ApiKey.authenticate(raw.strip())
+        hashed = hash_key(_raw_key(authorization))
+    except GatewayError:
+        return None
+    found = _known.get(hashed)
+    if found is None:
+        return None
+    deadline, identity = found
+    key = identity.api_key
+    now = timezone.now()
+    if time.monotonic() > deadline or key is None or _stale(key.last_used_at, now) or _expired(key.expires_at, now):
+        _known.pop(hashed, None)
+        return None
+    return identity
+
+
+def _stale(last_used: datetime | None, now: datetime) -> bool:
+    return last_used is None or now - last_used >= TOUCH_INTERVAL
+
+
+def _expired(expires_at: datetime | None, now: datetime) -> bool:
+    return expires_at is not None and expires_at <= now
+
+
+@receiver([post_save, post_delete], sender=ApiKey)
+def _forget_key(instance: ApiKey, **kwargs: Any) -> None:
+    """A key changed in this process: the next request looks it up again."""
+    _known.pop(instance.hashed_key, None)
+
+
+def identify_key(authorization: str | None) -> Identity:
+    """The identity behind `Authorization: Bearer <key>`; 401 for a missing, unknown, revoked or expired key."""
+    raw = _raw_key(authorization)
+    try:
+        key = ApiKey.authenticate(raw)
     except KeyRejected as exc:
         raise _unauthorized(exc.reason) from None
     key.touch()
+    identity = _identity(key)
+    if settings.ROUNDTRIP_KEY_CACHE_SECONDS > 0:
+        _known[key.hashed_key] = (time.monotonic() + settings.ROUNDTRIP_KEY_CACHE_SECONDS, identity)
+    return identity
+
+
+def _identity(key: ApiKey) -> Identity:
     limits = Limits(
         key.requests_per_minute,
         key.tokens_per_minute,
