@@ -314,15 +314,20 @@ $("bubbles").addEventListener("click", (event) => {
   if (!run) return;
   const step = Number(token.dataset.step);
   moveCursor(run, step); // the pipeline's token stages go to it too
-  const more = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
-  more.addEventListener("click", () => inspectToken(run, step, more));
-  const whatIf = run.tokenized ? whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }, (text) => {
+  // what if, and the recomputed detail, need the model's own logits: an upstream model's stay on its server
+  const asks = run.tokenized && !run.upstream ? [whatIfPanel(run, step, (frame) => { state.resampling = true; socket.send(frame); }, (text) => {
     $("token-dialog").close();
     chat.branch(run, text);
-  }) : "";
-  $("token-detail").replaceChildren(tokenDetail(run, step), whatIf, more, el("div", { id: "inspection" }));
+  }), inspectButton(run, step)] : [];
+  $("token-detail").replaceChildren(tokenDetail(run, step), ...asks, el("div", { id: "inspection" }));
   $("token-dialog").showModal();
 });
+
+function inspectButton(run, step) {
+  const button = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
+  button.addEventListener("click", () => inspectToken(run, step, button));
+  return button;
+}
 
 // The page asks for more on demand: the worker recomputes the pass that produced token `step`
 // (the prompt plus the tokens before it) with full detail, attention over up to 2048 positions.
@@ -456,12 +461,13 @@ async function pollHealth(box) {
     } catch {
       health = null;
     }
-    if (health?.ready) {
+    // an upstream model loads nothing here: whether its servers are up is its card's news
+    const model = health ? Object.entries(health.models).find(([, s]) => s.state !== "ready" && !s.upstream) : null;
+    if (health && !model) {
       box.hidden = true;
       await modelCard.refresh();
       return;
     }
-    const model = health ? Object.entries(health.models).find(([, s]) => s.state !== "ready") : null;
     // An unreachable server is the socket status line's news (it says "reconnecting"); this box only appears for a
     // server that answers but is still loading, and says so if that server then stops answering.
     if (health) box.hidden = false;

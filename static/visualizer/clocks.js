@@ -48,5 +48,7 @@ export function clocks(run) {
   const chosen = text ? run.steps.get(text.step)?.sampled : null;
   if (text && chosen) out.detok = ms(Math.max(0, text.t - chosen.t) * 1000);
   if (arrivals.length && run.sentAt !== null) out.latency = ms(arrivals[arrivals.length - 1] - run.sentAt);
+  // an upstream model's context, forward passes, sampling and detokenization ran inside the other server: reached, unclocked
+  if (run.upstream) for (const stage of ["context", "forward", "sampling", "detok"]) out[stage] = run.steps.size ? "—" : "";
   return out;
 }

@@ -15,15 +15,24 @@ export function gatewayMs(run) {
   return run.gateway ? sum(run.gateway.stages.map((s) => s.ms)) : 0;
 }
 
-// [name, ms] before the first token could be sampled: the gateway's checks, the worker's queue, tokenization, prefill.
+// [name, ms] before the first token could be sampled: the gateway's checks, the worker's queue, tokenization, prefill;
+// for an upstream model, the gateway's checks, the upstream's tokenizer and its time to first token as seen from here.
 export function ttftParts(run) {
   const t = run.finished.timings;
+  if (run.upstream) return [["gateway", gatewayMs(run)], ["tokenize", (run.tokenized?.duration ?? 0) * 1000], ["upstream", t.ttft * 1000]];
   return [
     ["gateway", gatewayMs(run)],
     ["queue", (t.queue ?? 0) * 1000],
     ["tokenize", t.tokenize * 1000],
     ["prefill", t.prefill * 1000],
   ];
+}
+
+// [name, ms] of the server's whole answer: the parts of the time to first token, then each decode forward (an
+// upstream's decode, out of sight, as one part).
+export function serverParts(run) {
+  const decode = run.upstream ? [["decode", run.finished.timings.decode * 1000]] : run.forwards.filter((f) => f.phase === "decode").map((f) => ["decode", f.duration * 1000]);
+  return [...ttftParts(run), ...decode];
 }
 
 // One token after the first, as medians in ms: the batched decode forward, sampling, and what the browser measured

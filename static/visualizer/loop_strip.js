@@ -14,7 +14,7 @@ export class LoopStrip {
   }
 
   update(run) {
-    const prompt = run.tokenized?.ids.length;
+    const prompt = run.tokenized?.ids.length ?? run.finished?.prompt_tokens; // an upstream without a tokenizer: its usage
     if (!prompt) return;
     const room = prompt + (run.context?.max_tokens ?? 0);
     const rows = [];

@@ -1,6 +1,8 @@
 // The model card beside the model picker: what the chosen model is, in its file's own numbers (from /health, which
 // the worker fills once the model is loaded), and the mode a turn is sent in: chat, or "complete this text" (the raw
-// text, no chat template), which a base model without a chat template is made for and gets by default.
+// text, no chat template), which a base model without a chat template is made for and gets by default. A model served
+// by an upstream server has no file here: its card names the servers, and step mode (with the tour, which runs in it)
+// is off for it, since only this server's engine waits between tokens.
 import { el } from "./dom.js";
 
 const number = (n) => n.toLocaleString("en-US");
@@ -12,6 +14,7 @@ export class ModelCard {
     this.mode = mode;
     this.prompt = prompt;
     this.cards = {};
+    this.servers = {}; // upstream model id -> its servers as /health saw them
     picker.addEventListener("change", () => this.show(true));
     mode.addEventListener("change", () => this.placeholder());
   }
@@ -20,7 +23,10 @@ export class ModelCard {
   async refresh() {
     try {
       const health = await (await fetch("/health")).json();
-      for (const [id, s] of Object.entries(health.models ?? {})) if (s.card) this.cards[id] = s.card;
+      for (const [id, s] of Object.entries(health.models ?? {})) {
+        if (s.card) this.cards[id] = s.card;
+        if (s.upstream) this.servers[id] = s.upstream;
+      }
     } catch {
       return;
     }
@@ -29,6 +35,12 @@ export class ModelCard {
 
   // The chosen model's card; `pickMode`: set the mode it is made for (a new pick, or the first card seen).
   show(pickMode) {
+    const servers = this.servers[this.picker.value];
+    this.offerSteps(!servers);
+    if (servers) {
+      this.showUpstream(servers, pickMode);
+      return;
+    }
     const card = this.cards[this.picker.value];
     if (!card) {
       this.box.replaceChildren(el("p", { class: "muted" }, "The model's card appears once it is loaded."));
@@ -57,6 +69,32 @@ export class ModelCard {
     );
     const list = this.box.querySelector(".features");
     for (const feature of card.features) list.append(el("li", {}, feature));
+  }
+
+  showUpstream(servers, pickMode) {
+    this.shown = true;
+    if (pickMode) this.mode.value = "chat";
+    this.placeholder();
+    const names = servers.map((s) => `${s.name} (${s.model}, ${s.state})`).join(", ");
+    this.box.replaceChildren(
+      el("p", {}, `served by ${servers.length === 1 ? "an upstream server" : `${servers.length} upstream servers`}: ${names}`),
+      el("p", { class: "muted" }, "Its weights, layers and tokenizer are on that server: the pipeline draws what its API returns (text, log-probabilities, usage) " +
+        "and its forward pass as a closed box. Step mode and the guided tour are off for it."),
+    );
+  }
+
+  // Step mode, and the guided tour that runs in it, where this server's engine can wait between tokens.
+  offerSteps(offered) {
+    const step = document.querySelector('input[name="speed"][value="step"]');
+    if (step.disabled === !offered) return;
+    step.disabled = !offered;
+    document.getElementById("tour-start").disabled = !offered;
+    step.parentElement.title = offered ? "" : "An upstream server streams on its own: it cannot wait for “next”.";
+    if (!offered && step.checked) {
+      const live = document.querySelector('input[name="speed"][value="live"]');
+      live.checked = true;
+      live.dispatchEvent(new Event("change"));
+    }
   }
 
   // The composer says what the mode does; a text to complete has no system prompt, so its field rests meanwhile.

@@ -215,15 +215,12 @@ function drawGateway(run) {
     meter.max = limit || 1;
     meter.value = limit ? after : 0;
     field("gateway", "rate-text").textContent = limit ? `${g.rate.requests_before ?? 0} → ${after} of ${limit}` : "unlimited";
-    field("gateway", "route").textContent = `routed to ${g.model} on channel ${g.channel}`;
     if (g.prices) field("gateway", "price").textContent = `${g.model} costs ${usd(g.prices.input_per_million)} per million input tokens and ${usd(g.prices.output_per_million)} per million output tokens`;
   }
-  const route = field("gateway", "route");
-  if (run.accepted?.worker && !route.textContent.includes("worker")) route.textContent += ` · served by worker ${run.accepted.worker}`;
+  drawRoute(run, g);
   if (run.usage && !field("gateway", "usage").textContent) {
     const r = run.usage.record;
-    const log = run.usage.stages.find((stage) => stage.name === "usage_log");
-    if (log) checks.append(el("li", {}, `usage_log — ${ms(log.ms)}`));
+    for (const stage of run.usage.stages.filter((s) => s.name in LATER_STAGES)) checks.append(el("li", {}, `${stage.name} — ${ms(stage.ms)}${LATER_STAGES[stage.name]}`));
     field("gateway", "usage").textContent =
       `usage log #${r.id}: ${r.status} ${r.finish_reason}, ${r.prompt_tokens} + ${r.completion_tokens} tokens, TTFT ${ms(r.ttft_ms)}, total ${ms(r.total_ms)}`;
     const p = g.prices;
@@ -231,6 +228,30 @@ function drawGateway(run) {
       field("gateway", "cost").textContent = `cost of this request: ${r.prompt_tokens} input tokens × ${usd(p.input_per_million)}/M + ` +
         `${r.completion_tokens} output tokens × ${usd(p.output_per_million)}/M = ${usd(r.cost_usd)}`;
     }
+  }
+}
+
+// The gateway's own stages after its checks, as the usage frame reports them (an upstream model's: what its time went on).
+const LATER_STAGES = { upstream: " (choosing its server, asking its tokenizer, sending the request)", usage_log: "" };
+
+// Where the turn went once taken: this server's worker on the model's channel, or, for an upstream model, the routing
+// decision: which of its servers answered, and each one tried before it, with why it failed.
+function drawRoute(run, g) {
+  const u = run.upstream;
+  let text = `routed to ${g.model}`;
+  if (u) {
+    const among = u.replicas.length === 1 ? "its one upstream server" : `one of its ${u.replicas.length} replicas (${u.replicas.join(", ")})`;
+    const fallback = u.model === g.model ? "" : `, the fallback model ${u.model}`;
+    const tries = u.tried.length ? `after ${u.tried.length} failed` : "at the first try";
+    text += ` · answered by ${u.upstream}${fallback} (model ${u.upstream_model} at ${u.url}), ${tries}; ${g.model} has ${among}`;
+  } else if (run.accepted) {
+    text += ` on channel ${g.channel}${run.accepted.worker ? ` · served by worker ${run.accepted.worker}` : ""}`;
+  }
+  const route = field("gateway", "route");
+  if (route.textContent !== text) route.textContent = text;
+  const tried = field("gateway", "tried");
+  if (u && tried.childElementCount !== u.tried.length) {
+    tried.replaceChildren(...u.tried.map((t) => el("li", {}, `tried first: ${t.upstream}${t.model === g.model ? "" : ` (${t.model})`} — ${t.error}`)));
   }
 }
 
@@ -253,7 +274,7 @@ function drawTokens(run) {
   const chips = field("tokens", "chips");
   if (chips.childElementCount) return;
   light("tokens");
-  const message = run.context.segments.find((s) => s.kind === "message") ?? { token_start: 0, token_end: run.tokenized.ids.length };
+  const message = messageRange(run);
   const ids = run.tokenized.ids;
   for (let i = message.token_start; i < message.token_end; i++) {
     const token = tokenAt(run, i);
@@ -263,13 +284,37 @@ function drawTokens(run) {
     chips.append(chip);
   }
   roving(chips);
-  bpeView ??= new BpeView(); // one for the page: it listens for the worker's answers
-  bpeView.update(run, message);
+  if (!run.upstream) { // an upstream model's merges are the upstream's own: the page cannot ask for them
+    bpeView ??= new BpeView(); // one for the page: it listens for the worker's answers
+    bpeView.update(run, message);
+  }
   const count = message.token_end - message.token_start;
   field("tokens", "count").replaceChildren(
     document.createTextNode(`${count} tokens in your message · ${ids.length} in the whole prompt `),
     copyIdsButton(ids.slice(message.token_start, message.token_end)),
   );
+}
+
+// An upstream that exposes no tokenizer: its tokens are not drawn (another model's would be a guess), once the answer
+// has begun without them.
+function noTokenizer(run) {
+  const count = field("tokens", "count");
+  if (!run.steps.size || count.textContent) return;
+  light("tokens");
+  count.textContent = `${run.upstream.upstream} exposes no tokenizer this server can ask (Roundtrip's /v1/tokenize, llama-server's or vLLM's /tokenize), ` +
+    "so its tokens are not drawn here: another model's tokenizer would only guess them.";
+}
+
+// An upstream model's context window is built inside the upstream server: the page says so, with the prompt's length
+// as its tokenizer or its usage counted it.
+function drawUpstreamContext(run) {
+  const line = field("context", "upstream-count");
+  const f = run.finished;
+  const cached = f?.cached_tokens ? `, ${f.cached_tokens} of them from its prefix cache` : "";
+  const text = f ? `Its usage counted ${f.prompt_tokens} prompt tokens${cached}.` : run.tokenized ? `Its tokenizer makes the prompt ${run.tokenized.ids.length} tokens.` : "";
+  if (line.textContent === text) return;
+  light("context");
+  line.textContent = text;
 }
 
 function drawContext(run) {
@@ -312,6 +357,22 @@ function drawCache(run) {
   }
   const saved = run.finished ? ` — about ${ms(run.finished.timings.prefill_saved * 1000)} of prefill saved (at this request's own prefill rate)` : "";
   line.textContent = `prefix cache: positions 0–${c.cached_tokens - 1} (${c.cached_tokens} of ${c.prompt_tokens}) were reused from an earlier request instead of recomputed${saved}`;
+}
+
+// An upstream model's forward pass, drawn as the closed box it is: which server ran it, what went in and what came out
+// as far as its API says. Nothing of its inside is drawn (stage 5's text says why).
+function drawClosedBox(run) {
+  const u = run.upstream;
+  light("forward");
+  field("forward", "upstream-server").textContent = `${u.upstream} (${u.upstream_model})`;
+  const f = run.finished;
+  const prompt = run.tokenized ? `${run.tokenized.ids.length} tokens by its tokenizer` : f ? `${f.prompt_tokens} tokens by its usage` : "its length not known yet";
+  field("forward", "upstream-in").textContent = `in: the conversation as JSON over HTTP (${prompt})`;
+  const tokens = run.steps.size;
+  const logprobs = run.lastSampled?.detail ? `, each with its log-probability and its top ${run.lastSampled.detail.kept} alternatives` : "";
+  const usage = f ? `; then the usage: ${f.prompt_tokens} prompt + ${f.completion_tokens} completion tokens` : "";
+  field("forward", "upstream-out").textContent = `out: ${tokens} token${tokens === 1 ? "" : "s"} of text${logprobs}${usage}`;
+  if (f) field("forward", "upstream-time").textContent = `Timed from outside, at ${u.url}: the first token came ${ms(f.timings.ttft * 1000)} after the request went out, the rest in ${ms(f.timings.decode * 1000)}.`;
 }
 
 // The forward pass that produced the shown token (the prefill for the first), else the newest.
@@ -445,24 +506,39 @@ function drawSampling(run) {
   light("sampling");
   const bars = field("sampling", "bars");
   const d = s.detail;
-  if (!d) return;
+  if (!d) {
+    if (run.upstream) field("sampling", "decision").textContent = `the upstream sent no log-probabilities for token ${n}, only its text ${JSON.stringify(s.token)}`;
+    return;
+  }
+  const reported = (c) => `${(c.raw_prob * 100).toFixed(1)}%`;
+  const reshaped = (c) => `${reported(c)} → ${(c.adjusted_prob * 100).toFixed(1)}%${c.bias ? ` (bias ${c.bias > 0 ? "+" : ""}${c.bias})` : ""}${c.removed_by ? ` (cut by ${c.removed_by})` : ""}`;
   bars.replaceChildren(
     ...d.candidates.map((c) => {
-      const row = el("div", { class: `bar${c.token_id === s.token_id ? " chosen" : ""}${c.removed_by ? " removed" : ""}`, "data-token": String(c.token_id) });
+      const row = el("div", { class: `bar${isChosen(c, s) ? " chosen" : ""}${c.removed_by ? " removed" : ""}`, "data-token": String(c.token_id) });
       row.append(
         el("span", { class: "tok" }, visible(c.token)),
         el("span", { class: "track" }),
-        el("span", { class: "val" }, `${(c.raw_prob * 100).toFixed(1)}% → ${(c.adjusted_prob * 100).toFixed(1)}%${c.bias ? ` (bias ${c.bias > 0 ? "+" : ""}${c.bias})` : ""}${c.removed_by ? ` (cut by ${c.removed_by})` : ""}`),
+        el("span", { class: "val" }, run.upstream ? reported(c) : reshaped(c)),
       );
       const track = row.querySelector(".track");
       track.append(el("i", { class: "raw", style: `width:${c.raw_prob * 100}%` }), el("i", { class: "adj", style: `width:${c.adjusted_prob * 100}%` }));
       return row;
     }),
   );
+  if (run.upstream) {
+    field("sampling", "decision").textContent = `the upstream's reported top ${d.kept} log-probabilities for token ${n} (its filters and its draw are not visible)` +
+      ` · it chose ${JSON.stringify(s.token)} (logprob ${s.logprob.toFixed(3)}${s.token_id < 0 ? "" : `, id ${s.token_id}`})`;
+    return;
+  }
   field("sampling", "decision").textContent =
     (d.draw === null ? "greedy (temperature 0): the most likely token wins" : `random draw ${d.draw.toFixed(4)} among ${d.kept} kept tokens`) +
     ` · chose ${JSON.stringify(s.token)} (rank ${s.rank}, logprob ${s.logprob.toFixed(3)}) · end-of-turn probability ${(d.eos_prob * 100).toFixed(2)}%` +
     (d.grammar_cut ? ` · the grammar cut ${d.grammar_cut.toLocaleString()} tokens (mask ${ms(d.mask_seconds * 1000)})` : "");
+}
+
+// Whether candidate `c` is the token sampled: by id, or by text where an upstream named no ids (-1).
+function isChosen(c, s) {
+  return s.token_id < 0 ? c.token === s.token : c.token_id === s.token_id;
 }
 
 function drawLoop(run) {
@@ -539,10 +615,7 @@ function drawLatency(run) {
   const t = f.timings;
   field("latency", "itl-server").textContent = t.mean_itl === null ? "—" : ms(t.mean_itl * 1000);
   field("latency", "tps-server").textContent = t.decode_tokens_per_s ? t.decode_tokens_per_s.toFixed(1) : "—";
-  const parts = [
-    ...ttftParts(run),
-    ...run.forwards.filter((x) => x.phase === "decode").map((x) => ["decode", x.duration * 1000]),
-  ];
+  const parts = serverParts(run);
   const server = parts.reduce((sum, [, v]) => sum + v, 0);
   const paused = run.clientPauses.reduce((a, b) => a + b, 0); // the reader's time in step mode is not latency
   const client = run.tokenArrivals.length && run.sentAt !== null ? run.tokenArrivals[run.tokenArrivals.length - 1] - run.sentAt - paused : server;
@@ -565,16 +638,18 @@ export function tokenDetail(run, stepNumber) {
   const box = el("div");
   if (!step?.sampled) return box;
   const s = step.sampled;
-  box.append(el("h3", {}, `Token ${stepNumber}: ${JSON.stringify(s.token)} (id ${s.token_id})`));
-  box.append(el("p", {}, `logprob ${s.logprob.toFixed(4)} · rank ${s.rank} · sampled in ${ms(s.duration * 1000)}`));
+  const u = run.upstream;
+  box.append(el("h3", {}, `Token ${stepNumber}: ${JSON.stringify(s.token)} (${s.token_id < 0 ? "the upstream named no id" : `id ${s.token_id}`})`));
+  box.append(el("p", {}, `logprob ${s.logprob.toFixed(4)} · rank ${s.rank} · ${u ? `sampled on ${u.upstream}, out of sight` : `sampled in ${ms(s.duration * 1000)}`}`));
   if (step.forward) box.append(el("p", {}, `forward pass: ${step.forward.phase}, ${ms(step.forward.duration * 1000)}, ${step.forward.kv_length} positions cached`));
   if (s.detail) {
     const list = el("ol");
     for (const c of s.detail.candidates) {
-      list.append(el("li", {}, `${JSON.stringify(c.token)} raw ${(c.raw_prob * 100).toFixed(2)}% · adjusted ${(c.adjusted_prob * 100).toFixed(2)}%` +
+      list.append(el("li", {}, u ? `${JSON.stringify(c.token)} ${(c.raw_prob * 100).toFixed(2)}%` : `${JSON.stringify(c.token)} raw ${(c.raw_prob * 100).toFixed(2)}% · adjusted ${(c.adjusted_prob * 100).toFixed(2)}%` +
         `${c.removed_by ? ` · cut by ${c.removed_by}` : ` · final ${(c.final_prob * 100).toFixed(2)}%`}`));
     }
-    box.append(el("p", {}, s.detail.draw === null ? "greedy choice" : `draw ${s.detail.draw.toFixed(4)}`), list);
+    const how = u ? "the upstream's reported top alternatives" : s.detail.draw === null ? "greedy choice" : `draw ${s.detail.draw.toFixed(4)}`;
+    box.append(el("p", {}, how), list);
   }
   if (step.forward?.detail) {
     const attention = step.forward.detail.attention;

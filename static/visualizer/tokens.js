@@ -19,6 +19,21 @@ export function tokenAt(run, position) {
   return sampled ? { position, id: sampled.token_id, text: sampled.token, kind: "answer" } : null;
 }
 
+// The positions of the visitor's message in the prompt: its context segment; for an upstream model (no context event),
+// the tokens whose characters overlap the message where it last occurs in the prompt the upstream rendered; else all.
+export function messageRange(run) {
+  const ids = run.tokenized.ids;
+  const all = { token_start: 0, token_end: ids.length };
+  if (run.context) return run.context.segments.find((s) => s.kind === "message") ?? all;
+  const asked = run.request.prompt ?? run.request.messages?.findLast((m) => m.role === "user")?.content;
+  const at = asked ? run.tokenized.text.lastIndexOf(asked) : -1;
+  if (at < 0) return all;
+  const start = [...run.tokenized.text.slice(0, at)].length; // spans count characters, not UTF-16 units
+  const end = start + [...asked].length;
+  const inside = run.tokenized.spans.flatMap(([a, b], i) => (b > start && a < end ? [i] : []));
+  return inside.length ? { token_start: inside[0], token_end: inside[inside.length - 1] + 1 } : all;
+}
+
 export function isSpecial(text) {
   return text.startsWith("<|") && text.endsWith("|>");
 }

@@ -1,13 +1,16 @@
 // "Walk me through it": the eight stages of the round trip in order on one run (live in step mode, or a replayed
 // recording), each stage highlighted with a narration written for someone who has never seen a transformer, and
 // told with the run's own numbers. The engine (or the replay) holds after the first token while the tour walks the
-// stages; the last step lets the answer finish and ends on the latency panel: what the waits added up to.
+// stages; the last step lets the answer finish and ends on the latency panel: what the waits added up to. A recorded
+// turn of an upstream model is told as far as its API showed it: its inside ran on the other server.
 import { el, hex, ms, visible } from "./dom.js";
 import { gatewayMs, itlParts, ttftParts } from "./latency_parts.js";
+import { messageRange } from "./tokens.js";
 
 const quote = (text) => `“${visible(text)}”`;
 const pct = (p) => `${(p * 100).toFixed(1)}%`;
 const first = (run) => run.steps.get(1);
+const answering = (run) => run.upstream && run.steps.size; // an upstream's answer has begun: its inside is past
 
 // stage: the id of the stage it highlights; ready(run): whether the trace has reached it; say(run): the narration;
 // waiting: what to say until it is ready.
@@ -39,16 +42,21 @@ const STEPS = [
     ready: (run) => run.gateway,
     say: (run) => {
       const g = run.gateway;
+      const far = run.upstream ? `, which another server runs (${run.upstream.upstream})` : "";
       return `Before any model runs, the server's front door checks who is asking (${g.identity}), counts the request against ` +
-        `its rate limit and picks the model that answers (${g.model}). All of that took ${ms(gatewayMs(run))}.`;
+        `its rate limit and picks the model that answers (${g.model}${far}). All of that took ${ms(gatewayMs(run))}.`;
     },
   },
   {
     stage: "tokens",
     title: "Tokenization",
-    ready: (run) => run.tokenized && run.context,
+    ready: (run) => (run.tokenized && (run.context || run.upstream)) || answering(run),
     say: (run) => {
-      const message = run.context.segments.find((s) => s.kind === "message");
+      if (!run.tokenized) {
+        return "A language model cannot read letters: a tokenizer cuts the text into pieces it knows and replaces each by its number. " +
+          `This model runs on another server (${run.upstream.upstream}), which does not say how its tokenizer cut your message.`;
+      }
+      const message = messageRange(run);
       const ids = run.tokenized.ids.slice(message.token_start, message.token_end);
       const pieces = run.tokenized.tokens.slice(message.token_start, message.token_end).map(quote).join(" ");
       return "A language model cannot read letters. A tokenizer cuts the text into pieces it knows (whole words, parts of " +
@@ -59,8 +67,12 @@ const STEPS = [
   {
     stage: "context",
     title: "Context window",
-    ready: (run) => run.context,
+    ready: (run) => run.context || run.upstream,
     say: (run) => {
+      if (run.upstream) {
+        return "Your question does not travel alone: a chat template wraps the system prompt, any earlier turns and your message in markers, " +
+          `and all of it must fit the model's context window. Here that happens inside the other server, ${run.upstream.upstream}, out of sight.`;
+      }
       const c = run.context;
       if (run.request.prompt !== undefined) {
         const text = c.segments.find((segment) => segment.kind === "message");
@@ -78,8 +90,14 @@ const STEPS = [
   {
     stage: "forward",
     title: "Forward pass",
-    ready: (run) => run.forwards.length,
+    ready: (run) => run.forwards.length || answering(run),
     say: (run) => {
+      const u = run.upstream;
+      if (u) {
+        return "Now the real work: the tokens go through every layer of the model, attention then feed-forward, to a score for every token it knows. " +
+          `Here that ran on ${u.upstream} (${u.upstream_model}), another server: its layers, attention and KV cache are inside that process, and its ` +
+          "API sends back only text and, when asked, log-probabilities. So the box stays closed: nothing inside is drawn, and nothing is invented.";
+      }
       const prefill = run.forwards[0];
       const layers = prefill.detail ? `all ${prefill.detail.residual_norms.length - 1} layers` : "every layer";
       return `Now the real work: the ${prefill.n_tokens} tokens go through ${layers} of the model at once (the “prefill”, ` +
@@ -96,11 +114,12 @@ const STEPS = [
     say: (run) => {
       const s = first(run).sampled;
       const top = s.detail ? s.detail.candidates.slice(0, 3).map((c) => `${quote(c.token)} ${pct(c.raw_prob)}`).join(", ") : null;
-      const how = !s.detail ? "" : s.detail.draw === null ? "With temperature 0 the likeliest token always wins. " :
+      const how = run.upstream ? "The other server drew it, out of sight; these are the probabilities it reported. " : !s.detail ? "" :
+        s.detail.draw === null ? "With temperature 0 the likeliest token always wins. " :
         `A random number (${s.detail.draw.toFixed(4)}) picked one of the ${s.detail.kept} tokens left after the filters. `;
       return "The scores become probabilities: how likely each token is to come next. " +
         (top ? `The model's favourites for the first word: ${top}. ` : "") + `${how}It chose ${quote(s.token)} ` +
-        `(token ${s.token_id}, probability ${pct(Math.exp(s.logprob))}).`;
+        `(${s.token_id < 0 ? "" : `token ${s.token_id}, `}probability ${pct(Math.exp(s.logprob))}).`;
     },
   },
   {
@@ -118,6 +137,11 @@ const STEPS = [
     ready: (run) => first(run)?.text,
     say: (run) => {
       const s = first(run).sampled;
+      if (run.upstream) {
+        return `The other server turned the token back into text itself and sent ${JSON.stringify(first(run).text.text)} (its bytes: ${hex(s.bytes)}). ` +
+          `This recording holds here, after one token. The model goes on feeding ${quote(s.token)} back in, token by token (the loop, ↻), ` +
+          "until the end-of-sequence token. Press Next to let it finish.";
+      }
       return `Token ${s.token_id} turns back into its bytes (${hex(s.bytes)}) and those into text: ${JSON.stringify(first(run).text.text)}. ` +
         "A token can end in the middle of a character (an emoji, an accent); its bytes then wait for the next token. " +
         `The engine is paused here, after one token. Next it feeds ${quote(s.token)} back in and repeats the forward pass, ` +
@@ -136,7 +160,9 @@ const STEPS = [
       const ttft = `Time to first token (TTFT) = ${parts.map(([name, v]) => `${name} ${ms(v)}`).join(" + ")} = ${ms(total)} ` +
         `on the server; your browser saw the first token after ${ms(run.clientTtft)} (the rest: sampling it, and the network). `;
       const itl = itlParts(run); // the pause you made after token 1 is left out
-      const each = !itl ? "Too few tokens came to measure the time between tokens." :
+      const gap = run.finished.timings.mean_itl;
+      const each = run.upstream ? (gap === null ? "" : `Each further token came ${ms(gap * 1000)} after the one before, on average, as the upstream streamed them.`) :
+        !itl ? "Too few tokens came to measure the time between tokens." :
         `Each further token (inter-token latency, ITL) = one decode step ${ms(itl.decode)} + sampling ${ms(itl.sampling)} + ` +
         `network ${ms(itl.network)} ≈ ${ms(itl.client)}, the median gap your browser measured` +
         (run.request.step ? " (here the network part includes the page's “next” message: the tour runs in step mode)." : ".");
