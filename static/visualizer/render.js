@@ -240,10 +240,10 @@ function drawRoute(run, g) {
   const u = run.upstream;
   let text = `routed to ${g.model}`;
   if (u) {
-    const among = u.replicas.length === 1 ? "its one upstream server" : `one of its ${u.replicas.length} replicas (${u.replicas.join(", ")})`;
-    const fallback = u.model === g.model ? "" : `, the fallback model ${u.model}`;
-    const tries = u.tried.length ? `after ${u.tried.length} failed` : "at the first try";
-    text += ` · answered by ${u.upstream}${fallback} (model ${u.upstream_model} at ${u.url}), ${tries}; ${g.model} has ${among}`;
+    const fallback = u.model === g.model ? "" : ` for the fallback model ${u.model}`;
+    const tries = u.tried.length ? `after ${u.tried.length} failed (below)` : "the first server tried";
+    const order = u.replicas.length > 1 ? " (the one with the fewest requests in flight is tried first)" : "";
+    text += ` · answered by ${u.upstream}${fallback} (model ${u.upstream_model} at ${u.url}), ${tries} · ${g.model}'s replicas: ${u.replicas.join(", ")}${order}`;
   } else if (run.accepted) {
     text += ` on channel ${g.channel}${run.accepted.worker ? ` · served by worker ${run.accepted.worker}` : ""}`;
   }

@@ -3,7 +3,7 @@ upstreams of a fourth, the gateway, which routes models to them by ROUNDTRIP_MOD
 
 - "solo" is server A alone; "far" is A and B as replicas; "strict" is A through a key limited to one request a minute
   (so A answers 429), "busy" is C (no queue: it answers 503 overloaded to every request) and "dead" is a port nobody
-  listens on, each falling back to "solo-b" (B).
+  listens on, each falling back to "solo-b" (B); "dead-to-local" falls back to "here", which the gateway runs itself.
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             entry("strict", a, "KEY_A_LIMITED", fallback=["solo-b"]),
             entry("busy", c, "KEY_C", fallback=["solo-b"]),
             entry("dead", f"http://127.0.0.1:{free_port()}/v1", fallback=["solo-b"]),
+            entry("dead-to-local", f"http://127.0.0.1:{free_port()}/v1", fallback=["here"]),
+            {"id": "here", "path": str(model), "aliases": []},  # a model the gateway runs itself
         ]
         settings = {
             **keys,
@@ -244,6 +246,16 @@ def test_an_upstream_answering_503_or_refusing_connections_sends_the_request_to_
     dead = _stream(fleet.gateway, _chat("dead", "hello?"))
     assert dead.status == 200 and dead.timings["upstream"] == fleet.upstream_name("solo-b", fleet.b)
     assert "could not connect" in dead.timings["retried"][0]
+
+
+def test_when_every_upstream_server_fails_a_local_fallback_answers(fleet: Fleet) -> None:
+    asked = "nobody upstream"
+    through = _stream(fleet.gateway, _chat("dead-to-local", asked))
+    here = _stream(fleet.gateway, _chat("here", asked))
+    assert through.status == 200 and not through.errors and through.text == here.text
+    assert "@" not in through.headers["x-roundtrip-worker"]  # an inference worker of the gateway, not a server
+    (row,) = _rows(fleet.gateway.db, through.headers["x-request-id"])
+    assert (row["status"], row["model"]) == (200, "dead-to-local")
 
 
 def test_a_client_that_leaves_stops_the_upstream(fleet: Fleet) -> None:

@@ -164,12 +164,22 @@ class Turn:
             await observer.starting(self)
         if route.upstream:
             started = time.perf_counter()
-            self.generation = await upstream.generate(
-                route, messages, params, self.level, self.ctx.request_id, self.ctx.started, passthrough, **options
-            )
-            # the stage is the gateway's own time: choosing, retrying and sending, not the upstream's first token
-            sent = self.generation.clock.sent
-            self.ctx.stages.append(Stage("upstream", sent - started, self.generation.routing()))
+            try:
+                self.generation = await upstream.generate(
+                    route, messages, params, self.level, self.ctx.request_id, self.ctx.started, passthrough, **options
+                )
+            except GatewayError as exc:
+                local = upstream.local_fallback(route, exc)
+                if local is None:
+                    raise
+                self.ctx.timed("upstream", started, model=local.id, upstream="", failed=exc.message)
+                self.generation = await client.generate(
+                    local, messages, params, self.level, self.ctx.request_id, **options
+                )
+            else:
+                # the stage is the gateway's own time: choosing, retrying and sending, not the upstream's first token
+                sent = self.generation.clock.sent
+                self.ctx.stages.append(Stage("upstream", sent - started, self.generation.routing()))
         else:
             self.generation = await client.generate(route, messages, params, self.level, self.ctx.request_id, **options)
         accepted = self.generation.accepted

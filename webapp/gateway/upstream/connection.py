@@ -43,6 +43,7 @@ def headers(upstream: Upstream, request_id: str = "") -> dict[str, str]:
 
 
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+EXHAUSTED = frozenset({"upstream_unavailable", "upstream_timeout", "upstream_rate_limited"})  # see `exhausted`
 
 
 def upstream_message(body: bytes) -> tuple[str, str, str | None]:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from inference.params import SamplingParams
-from webapp.catalog import ModelRoute, Upstream
+from webapp.catalog import ModelRoute, Upstream, by_name
 from webapp.gateway.client import ChoiceEvent
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.upstream import connection, probe, replicas, request_body, tokenizer
@@ -125,7 +125,7 @@ class UpstreamGeneration:
         self.clock.sent = time.perf_counter()
         self.reader.sent = self.clock.sent
         try:
-            response = await client.send(request, stream=True)
+            response = await _send(client, request)
         except httpx.HTTPError as exc:
             self._leave(upstream)
             return _why(exc), None, None
@@ -318,6 +318,24 @@ async def _tokenized(
         pieces=found.tokens,
         tokenizer="the upstream's own",
     )
+
+
+async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """Send, once more on a fresh connection when a kept-alive one turns out closed (a server closes idle connections
+    after its keep-alive timeout; one closed just as it was reused is not the server failing)."""
+    try:
+        return await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        return await client.send(request, stream=True)
+
+
+def local_fallback(route: ModelRoute, failure: GatewayError) -> ModelRoute | None:
+    """The first model this deployment runs among `route`'s fallbacks, when every upstream server failed before the
+    first byte (`failure` is that refusal): the request is answered here instead."""
+    if failure.code not in connection.EXHAUSTED:
+        return None
+    names = by_name()
+    return next((names[f] for f in route.fallback if f in names and not names[f].upstream), None)
 
 
 def _why(exc: httpx.HTTPError) -> str:
