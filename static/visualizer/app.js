@@ -323,6 +323,7 @@ $("bubbles").addEventListener("click", (event) => {
   $("token-dialog").showModal();
 });
 
+// "Recompute the full detail for this token": the worker runs the pass that produced token `step` again.
 function inspectButton(run, step) {
   const button = el("button", { type: "button", id: "inspect-token" }, "Recompute the full detail for this token");
   button.addEventListener("click", () => inspectToken(run, step, button));

@@ -78,7 +78,7 @@ export class ModelCard {
     const names = servers.map((s) => `${s.name} (${s.model}, ${s.state})`).join(", ");
     this.box.replaceChildren(
       el("p", {}, `served by ${servers.length === 1 ? "an upstream server" : `${servers.length} upstream servers`}: ${names}`),
-      el("p", { class: "muted" }, "Its weights, layers and tokenizer are on that server: the pipeline draws what its API returns (text, log-probabilities, usage) " +
+      el("p", { class: "muted" }, "Its weights, layers and tokenizer live upstream: the pipeline draws what its API returns (text, log-probabilities, usage) " +
         "and its forward pass as a closed box. Step mode and the guided tour are off for it."),
     );
   }

@@ -507,6 +507,7 @@ function drawSampling(run) {
   const bars = field("sampling", "bars");
   const d = s.detail;
   if (!d) {
+    bars.replaceChildren();
     if (run.upstream) field("sampling", "decision").textContent = `the upstream sent no log-probabilities for token ${n}, only its text ${JSON.stringify(s.token)}`;
     return;
   }

@@ -42,7 +42,7 @@ const STEPS = [
     ready: (run) => run.gateway,
     say: (run) => {
       const g = run.gateway;
-      const far = run.upstream ? `, which another server runs (${run.upstream.upstream})` : "";
+      const far = run.upstream ? `, run by another server: ${run.upstream.upstream}` : "";
       return `Before any model runs, the server's front door checks who is asking (${g.identity}), counts the request against ` +
         `its rate limit and picks the model that answers (${g.model}${far}). All of that took ${ms(gatewayMs(run))}.`;
     },

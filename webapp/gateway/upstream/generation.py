@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from inference.params import SamplingParams
 from webapp.catalog import ModelRoute, Upstream, by_name
@@ -31,7 +31,6 @@ from webapp.metrics import metrics
 from webapp.worker import wire
 
 DRAIN_SECONDS = 2.0  # after the usage chunk, how long [DONE] may take
-_closing: set[asyncio.Future[None]] = set()  # connections being closed (referenced until done)
 
 
 @dataclass
@@ -73,8 +72,7 @@ class UpstreamGeneration:
         self.finished_choices: dict[int, wire.Finished] = {}
         self.cancelled = False
         self.closed = False
-        self._response: httpx.Response | None = None
-        self._lines: AsyncIterator[str] | None = None
+        self._response: aiohttp.ClientResponse | None = None
         self._first: dict[str, Any] | None = None
         self.reader = ChunkReader(n, 0.0, seed)
         self.tokenized: wire.Tokenized | None = None  # the prompt's tokens, for the page (see `generate`)
@@ -115,31 +113,29 @@ class UpstreamGeneration:
         state = replicas.state(upstream)
         state.in_flight += 1
         metrics.upstream_in_flight.labels(upstream.name).inc()
-        client = connection.http()
-        request = client.build_request(
-            "POST",
-            upstream.url + path,
-            content=json.dumps(payload),
-            headers=connection.headers(upstream, self.request_id),
-        )
         self.clock.sent = time.perf_counter()
         self.reader.sent = self.clock.sent
         try:
-            response = await _send(client, request)
-        except httpx.HTTPError as exc:
+            response = await _send(
+                upstream.url + path, json.dumps(payload), connection.headers(upstream, self.request_id)
+            )
+        except connection.FAILURES as exc:
             self._leave(upstream)
-            return _why(exc), None, None
-        if response.status_code != 200:
-            body = await response.aread()
-            await response.aclose()
+            return connection.why(exc), None, None
+        if response.status != 200:
+            try:
+                body = await response.read()
+            except connection.FAILURES:
+                body = b""
+            response.release()
             self._leave(upstream)
-            if response.status_code in connection.RETRYABLE:
+            if response.status in connection.RETRYABLE:
                 message, _, _ = connection.upstream_message(body)
                 retry_after = _seconds(response.headers.get("retry-after"))
-                return f"HTTP {response.status_code}: {message}", response.status_code, retry_after
+                return f"HTTP {response.status}: {message}", response.status, retry_after
             metrics.upstream_requests.labels(upstream.name, "refused").inc()
-            raise connection.refused(upstream, response.status_code, body)
-        self._response, self._lines = response, response.aiter_lines()
+            raise connection.refused(upstream, response.status, body)
+        self._response = response
         self.upstream = upstream
         try:
             first = await self._read()
@@ -155,8 +151,8 @@ class UpstreamGeneration:
     async def _drop(self) -> None:
         upstream = self.upstream
         if self._response is not None:
-            await self._response.aclose()
-        self._response = self._lines = None
+            self._response.close()
+        self._response = None
         self.upstream = None
         if upstream is not None:
             self._leave(upstream)
@@ -171,9 +167,11 @@ class UpstreamGeneration:
     async def _read(self) -> dict[str, Any] | None:
         """The next chunk (None at the end: [DONE], or the connection closed cleanly); GatewayError when the
         connection breaks, the upstream goes silent, or it sends an error."""
-        assert self._lines is not None and self.upstream is not None
+        assert self._response is not None and self.upstream is not None
+        content = self._response.content
         try:
-            async for line in self._lines:
+            while raw := await content.readline():
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 if not line or line.startswith(":"):
                     continue
                 field, _, data = line.partition(":")
@@ -190,8 +188,8 @@ class UpstreamGeneration:
                 if field == "data" and isinstance(chunk, dict):
                     return chunk
             return None
-        except httpx.HTTPError as exc:
-            raise connection.broken(self.upstream, _why(exc)) from None
+        except connection.FAILURES as exc:
+            raise connection.broken(self.upstream, connection.why(exc)) from None
 
     async def messages(self) -> AsyncIterator[wire.Waiting | ChoiceEvent]:
         """Each choice's trace events as the upstream's chunks come; GatewayError when the stream breaks."""
@@ -280,18 +278,27 @@ class UpstreamGeneration:
         """The client left: close the connection, which tells the upstream to stop."""
         if self._response is not None and self.finished is None:
             self.cancelled = True
-            await self._response.aclose()
+            self._response.close()
 
     def close(self) -> None:
+        """Give the connection back (read to its end) or close it (cut short), and this request's place."""
         if self.closed:
             return
         self.closed = True
-        if self._response is not None and not self._response.is_closed:
-            closing = asyncio.ensure_future(self._response.aclose())
-            _closing.add(closing)
-            closing.add_done_callback(_closing.discard)
+        if self._response is not None:
+            self._response.release() if self.finished is not None else self._response.close()
         if self.upstream is not None:
             self._leave(self.upstream)
+
+
+async def _send(url: str, body: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    """POST, once more on a fresh connection when a kept-alive one turns out closed (a server closes idle connections
+    after its keep-alive timeout; one closed just as it was reused is not the server failing)."""
+    session = connection.http()
+    try:
+        return await session.post(url, data=body, headers=headers)
+    except aiohttp.ServerDisconnectedError:
+        return await session.post(url, data=body, headers=headers)
 
 
 async def _tokenized(
@@ -320,15 +327,6 @@ async def _tokenized(
     )
 
 
-async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """Send, once more on a fresh connection when a kept-alive one turns out closed (a server closes idle connections
-    after its keep-alive timeout; one closed just as it was reused is not the server failing)."""
-    try:
-        return await client.send(request, stream=True)
-    except httpx.RemoteProtocolError:
-        return await client.send(request, stream=True)
-
-
 def local_fallback(route: ModelRoute, failure: GatewayError) -> ModelRoute | None:
     """The first model this deployment runs among `route`'s fallbacks, when every upstream server failed before the
     first byte (`failure` is that refusal): the request is answered here instead."""
@@ -336,14 +334,6 @@ def local_fallback(route: ModelRoute, failure: GatewayError) -> ModelRoute | Non
         return None
     names = by_name()
     return next((names[f] for f in route.fallback if f in names and not names[f].upstream), None)
-
-
-def _why(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.TimeoutException):
-        return f"timed out ({type(exc).__name__})"
-    if isinstance(exc, httpx.ConnectError):
-        return f"could not connect ({exc or type(exc).__name__})"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _kind(why: str) -> str:

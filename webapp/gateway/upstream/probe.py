@@ -11,7 +11,7 @@ import logging
 import time
 import weakref
 
-import httpx
+import aiohttp
 from django.conf import settings
 
 from webapp.catalog import Upstream, configured_models
@@ -20,7 +20,7 @@ from webapp.metrics import metrics
 
 log = logging.getLogger("roundtrip.gateway")
 _tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = weakref.WeakKeyDictionary()
-PROBE_TIMEOUT = 2.0
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 
 def servers() -> list[Upstream]:
@@ -52,12 +52,13 @@ async def probe(upstream: Upstream) -> bool:
     state = replicas.state(upstream)
     started = time.perf_counter()
     try:
-        response = await connection.http().get(
+        async with connection.http().get(
             upstream.url + "/models", headers=connection.headers(upstream), timeout=PROBE_TIMEOUT
-        )
-        ok, why = response.status_code == 200, f"probe: HTTP {response.status_code}"
-    except httpx.HTTPError as exc:
-        ok, why = False, f"probe: {type(exc).__name__} {exc}".strip()
+        ) as response:
+            await response.read()
+            ok, why = response.status == 200, f"probe: HTTP {response.status}"
+    except connection.FAILURES as exc:
+        ok, why = False, f"probe: {connection.why(exc)}"
     state.last_probe = time.monotonic()
     if ok:
         state.probe_ms = round((time.perf_counter() - started) * 1000, 2)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
-
 from webapp.catalog import ModelRoute, Upstream
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.upstream import connection, replicas
@@ -21,8 +19,11 @@ _dialects: dict[str, str] = {}  # upstream name -> "roundtrip" | "root"
 
 async def _post(upstream: Upstream, url: str, payload: dict[str, Any]) -> tuple[int, Any]:
     try:
-        response = await connection.http().post(url, content=json.dumps(payload), headers=connection.headers(upstream))
-    except httpx.HTTPError as exc:
+        async with connection.http().post(
+            url, data=json.dumps(payload), headers=connection.headers(upstream)
+        ) as response:
+            status, text = response.status, await response.read()
+    except connection.FAILURES as exc:
         raise GatewayError(
             502,
             f"The upstream {upstream.name} did not answer ({type(exc).__name__}).",
@@ -30,10 +31,10 @@ async def _post(upstream: Upstream, url: str, payload: dict[str, Any]) -> tuple[
             "upstream_unavailable",
         ) from None
     try:
-        data = response.json()
+        data = json.loads(text)
     except ValueError:
         data = None
-    return response.status_code, data
+    return status, data
 
 
 def _server(route: ModelRoute) -> Upstream:
