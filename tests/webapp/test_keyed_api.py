@@ -1,0 +1,56 @@
+"""API requests that carry a key skip the page's middleware (`webapp.keyed_api`); everything else keeps it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+from loops import run_async
+
+from webapp.keyed_api import KeyedApiHandler, KeyedApiRouter, keyed_api_request
+
+
+def _scope(path: str, headers: list[tuple[bytes, bytes]], host: bytes = b"127.0.0.1") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"host", host), *headers],
+        "client": ("127.0.0.1", 5555),
+        "server": ("127.0.0.1", 8000),
+        "scheme": "http",
+        "http_version": "1.1",
+        "asgi": {"version": "3.0"},
+    }
+
+
+def test_only_api_requests_with_a_key_take_the_short_way() -> None:
+    assert keyed_api_request(_scope("/v1/models", [(b"authorization", b"Bearer rt-x")]))
+    assert keyed_api_request(_scope("/v1/messages", [(b"x-api-key", b"rt-x")]))
+    assert not keyed_api_request(_scope("/v1/models", [(b"x-csrftoken", b"t")]))  # the page's own calls
+    assert not keyed_api_request(_scope("/", [(b"authorization", b"Bearer rt-x")]))
+
+
+async def _get(scope: dict[str, Any]) -> tuple[int, dict[bytes, bytes], bytes]:
+    router = KeyedApiRouter(KeyedApiHandler(), get_asgi_application())  # as webapp.asgi routes (no worker here)
+    app = ApplicationCommunicator(router, scope)
+    await app.send_input({"type": "http.request", "body": b"", "more_body": False})
+    start = await app.receive_output(10)
+    body = await app.receive_output(10)
+    await app.wait(10)
+    return start["status"], {name.lower(): value for name, value in start["headers"]}, body["body"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_keyed_request_is_answered_without_the_pages_headers_and_a_bad_host_is_refused() -> None:
+    keyed = run_async(_get(_scope("/v1/models", [(b"authorization", b"Bearer rt-unknown")])))
+    assert keyed[0] == 401 and b"Incorrect API key" in keyed[2]
+    assert b"content-security-policy" not in keyed[1]  # the page's middleware did not run
+    page = run_async(_get(_scope("/v1/models", [])))
+    assert page[0] == 401 and b"content-security-policy" in page[1]
+    refused = run_async(_get(_scope("/v1/models", [(b"authorization", b"Bearer rt-x")], host=b"evil.example")))
+    assert refused[0] == 400
