@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx2 as httpx
+import openai
 import pytest
 from loops import run_async
 from servers import (
@@ -151,6 +153,10 @@ def _rows(db: Path, request_id: str | None = None) -> list[dict[str, Any]]:
         return [dict(r) for r in connection.execute(query, (request_id,) if request_id else ())]
 
 
+def _generations(db: Path) -> list[dict[str, Any]]:
+    return [r for r in _rows(db) if r["endpoint"] == "chat.completions"]
+
+
 def _counts(usage: dict[str, Any] | None) -> tuple[int, int]:
     assert usage is not None
     return usage["prompt_tokens"], usage["completion_tokens"]
@@ -202,6 +208,26 @@ def test_the_anthropic_and_responses_apis_reach_an_upstream_model(fleet: Fleet) 
         headers=headers,
     )
     assert response.status_code == 200 and response.json()["output"][0]["content"][0]["text"]
+
+
+def test_the_openai_and_anthropic_sdks_stream_an_upstream_model(fleet: Fleet) -> None:
+    openai_client = openai.OpenAI(base_url=f"{fleet.gateway.url}/v1", api_key=fleet.gateway.key)
+    direct = openai.OpenAI(base_url=f"{fleet.a.url}/v1", api_key=fleet.a.key)
+    asked: list[Any] = [{"role": "user", "content": "the sdk asks"}]
+    pieces = [
+        chunk.choices[0].delta.content or ""
+        for chunk in openai_client.chat.completions.create(
+            model="solo", messages=asked, max_tokens=16, temperature=0, stream=True
+        )
+        if chunk.choices
+    ]
+    theirs = direct.chat.completions.create(model="tiny", messages=asked, max_tokens=16, temperature=0)
+    assert "".join(pieces) == theirs.choices[0].message.content
+    claude = anthropic.Anthropic(base_url=fleet.gateway.url, api_key=fleet.gateway.key)
+    with claude.messages.stream(model="solo", max_tokens=16, messages=[{"role": "user", "content": "hi"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text and 0 < final.usage.output_tokens <= 16 and final.usage.input_tokens > 0
 
 
 def test_two_replicas_share_the_load(fleet: Fleet) -> None:
@@ -259,7 +285,7 @@ def test_when_every_upstream_server_fails_a_local_fallback_answers(fleet: Fleet)
 
 
 def test_a_client_that_leaves_stops_the_upstream(fleet: Fleet) -> None:
-    before = len(_rows(fleet.a.db))
+    before = len(_generations(fleet.a.db))
     body = _chat("solo", "go on and on", max_tokens=LONG, ignore_eos=True)
     headers = {"Authorization": f"Bearer {fleet.gateway.key}"}
     url = f"{fleet.gateway.url}/v1/chat/completions"
@@ -269,7 +295,7 @@ def test_a_client_that_leaves_stops_the_upstream(fleet: Fleet) -> None:
             if n > 20:
                 break  # closing the stream drops the connection
     deadline = time.monotonic() + 10
-    while len(upstream_rows := _rows(fleet.a.db)[before:]) < 1 and time.monotonic() < deadline:
+    while len(upstream_rows := _generations(fleet.a.db)[before:]) < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     (upstream_row,) = upstream_rows  # the upstream's own usage row: its client (the gateway) left
     assert upstream_row["status"] == 499 and upstream_row["completion_tokens"] < LONG
@@ -286,6 +312,7 @@ def test_health_models_tokenize_and_metrics_show_each_upstream(fleet: Fleet) -> 
         fleet.upstream_name("far", fleet.b),
     }
     assert health["models"]["dead"]["state"] == "unavailable"
+    assert not [r for r in _rows(fleet.a.db) if r["endpoint"] == "models"]  # probes ask /health, which logs nothing
     assert health["models"]["dead"]["upstream"][0]["last_error"]
     headers = {"Authorization": f"Bearer {fleet.gateway.key}"}
     listed = {m["id"]: m for m in httpx.get(f"{fleet.gateway.url}/v1/models", headers=headers).json()["data"]}

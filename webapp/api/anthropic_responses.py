@@ -52,6 +52,8 @@ def stop_sequence(choice: Choice) -> str | None:
 
 
 def usage(turn: Turn) -> dict[str, int]:
+    """Input and output tokens so far; the closing `message_delta` carries both, as Anthropic's API now does (an
+    upstream model's prompt is counted only once its server reports usage, after `message_start`)."""
     return {"input_tokens": turn.usage.prompt_tokens, "output_tokens": turn.usage.completion_tokens}
 
 
@@ -137,9 +139,7 @@ class MessageStream:
     def finish(self, choice: Choice) -> list[bytes]:
         reason = {"stop_reason": stop_reason(choice), "stop_sequence": stop_sequence(choice)}
         out = self.close()
-        out.append(
-            event("message_delta", {"delta": reason, "usage": {"output_tokens": self.turn.usage.completion_tokens}})
-        )
+        out.append(event("message_delta", {"delta": reason, "usage": usage(self.turn)}))
         return [*out, event("message_stop", {})]
 
 

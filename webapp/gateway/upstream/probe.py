@@ -1,7 +1,8 @@
-"""The health probe: every `ROUNDTRIP_UPSTREAM_PROBE_SECONDS`, each upstream server is asked for its model list
-(`GET /v1/models`, which llama-server, vLLM, Roundtrip and hosted APIs all answer); one that fails is left out for the
-cooldown, one that answers is back in rotation. One probing task per event loop, started by the first request that
-needs upstream state (a generation, /health, /v1/models).
+"""The health probe: every `ROUNDTRIP_UPSTREAM_PROBE_SECONDS`, each upstream server is asked whether it is ready:
+`GET /health` at its root (llama-server, vLLM, SGLang and Roundtrip answer 200 only once their model is loaded, and
+log no request), or, for a server without one (hosted APIs), `GET /v1/models`. One that fails is left out for the
+cooldown, one that answers is back in rotation. A server several entries share is asked once per round. One probing
+task per event loop, started by the first request that needs upstream state (a generation, /health, /v1/models).
 """
 
 from __future__ import annotations
@@ -42,26 +43,46 @@ async def _probe_forever() -> None:
 
 
 async def probe_all(never_probed: bool = False) -> None:
-    """Probe every server (or only those never probed yet), all at once."""
-    due = [u for u in servers() if not never_probed or replicas.state(u).last_probe is None]
-    await asyncio.gather(*(probe(u) for u in due))
+    """Probe every server (or only those never probed yet), all at once, each URL once."""
+    due: dict[str, list[Upstream]] = {}
+    for upstream in servers():
+        if not never_probed or replicas.state(upstream).last_probe is None:
+            due.setdefault(upstream.url, []).append(upstream)
+    await asyncio.gather(*(probe(entries) for entries in due.values()))
 
 
-async def probe(upstream: Upstream) -> bool:
-    """One probe: True when the server answered its model list."""
-    state = replicas.state(upstream)
+_no_health: set[str] = set()  # servers whose root has no /health: asked for /v1/models instead
+
+
+async def _ready(upstream: Upstream) -> tuple[bool, str]:
+    """Whether the server says it is ready, and what it answered."""
+    health = upstream.url not in _no_health
+    url = upstream.root + "/health" if health else upstream.url + "/models"
+    async with connection.http().get(url, headers=connection.headers(upstream), timeout=PROBE_TIMEOUT) as response:
+        await response.read()
+        if health and response.status == 404:
+            _no_health.add(upstream.url)
+            return await _ready(upstream)
+        return response.status == 200, f"probe: {url.rsplit('/', 1)[-1]} answered HTTP {response.status}"
+
+
+async def probe(entries: list[Upstream]) -> bool:
+    """One probe of one server (the entries that name it): True when it is ready."""
     started = time.perf_counter()
     try:
-        async with connection.http().get(
-            upstream.url + "/models", headers=connection.headers(upstream), timeout=PROBE_TIMEOUT
-        ) as response:
-            await response.read()
-            ok, why = response.status == 200, f"probe: HTTP {response.status}"
+        ok, why = await _ready(entries[0])
     except connection.FAILURES as exc:
         ok, why = False, f"probe: {connection.why(exc)}"
+    for upstream in entries:
+        _record(upstream, ok, why, (time.perf_counter() - started) * 1000)
+    return ok
+
+
+def _record(upstream: Upstream, ok: bool, why: str, ms: float) -> None:
+    state = replicas.state(upstream)
     state.last_probe = time.monotonic()
     if ok:
-        state.probe_ms = round((time.perf_counter() - started) * 1000, 2)
+        state.probe_ms = round(ms, 2)
         if not state.up or state.failures:
             log.info("upstream %s answers its probe: back in rotation", upstream.name)
         replicas.succeeded(upstream)
@@ -77,4 +98,3 @@ async def probe(upstream: Upstream) -> bool:
         replicas.failed(upstream, why)
         metrics.upstream_failures.labels(upstream.name, "probe").inc()
     metrics.upstream_up.labels(upstream.name).set(1 if ok else 0)
-    return ok
