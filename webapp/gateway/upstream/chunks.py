@@ -68,9 +68,10 @@ class ChunkReader:
         if isinstance(delta, dict):
             self._calls(state, delta.get("tool_calls"))
         if isinstance(text, str) and text:
-            sampled = [_sampled(entry, state.tokens + i, t) for i, entry in enumerate(_logprob_entries(choice))]
+            first = state.tokens + 1  # steps count from 1, as the engine's do
+            sampled = [_sampled(entry, first + i, t) for i, entry in enumerate(_logprob_entries(choice))]
             if not sampled:  # no log-probabilities: the chunk is one token as far as the wire shows
-                sampled = [_sampled({"token": text, "logprob": 0.0}, state.tokens, t)]
+                sampled = [_sampled({"token": text, "logprob": 0.0}, first, t)]
             state.tokens += len(sampled)
             state.token_times += [t - self.sent] * len(sampled)
             state.text.append(text)
