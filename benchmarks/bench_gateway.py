@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -76,6 +77,7 @@ def litellm_proxy(workdir: Path, command: str | None, upstream: Target) -> Itera
         yield None
         return
     port = free_port()
+    key = f"sk-bench-{secrets.token_hex(16)}"  # its proxy checks a key too, as Roundtrip's gateway does
     config = workdir / "litellm.yaml"
     config.write_text(
         "model_list:\n"
@@ -91,7 +93,12 @@ def litellm_proxy(workdir: Path, command: str | None, upstream: Target) -> Itera
             [command, "--config", str(config), "--port", str(port), "--host", "127.0.0.1", "--num_workers", "1"],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "LITELLM_LOG": "ERROR"},
+            env={
+                **os.environ,
+                "LITELLM_LOG": "ERROR",
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_MASTER_KEY": key,
+            },
         )
     try:
         deadline = time.monotonic() + 120
@@ -106,7 +113,7 @@ def litellm_proxy(workdir: Path, command: str | None, upstream: Target) -> Itera
             if process.poll() is not None:
                 raise RuntimeError(f"LiteLLM's proxy stopped:\n{log.read_text()[-2000:]}")
             time.sleep(0.5)
-        yield Target(f"http://127.0.0.1:{port}/v1", "none", process.pid)
+        yield Target(f"http://127.0.0.1:{port}/v1", key, process.pid)
     finally:
         stop([process])
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from inference.params import SamplingParams
 from webapp.catalog import ModelRoute, Upstream, by_name
@@ -76,6 +77,7 @@ class UpstreamGeneration:
         self._first: dict[str, Any] | None = None
         self.reader = ChunkReader(n, 0.0, seed)
         self.tokenized: wire.Tokenized | None = None  # the prompt's tokens, for the page (see `generate`)
+        self._itl: Any = None  # the upstream's inter-token histogram, labelled once
 
     # --- before the first byte: choose, send, retry --------------------------------------------------------------
 
@@ -170,22 +172,22 @@ class UpstreamGeneration:
         assert self._response is not None and self.upstream is not None
         content = self._response.content
         try:
-            while raw := await content.readline():
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if not line or line.startswith(":"):
-                    continue
-                field, _, data = line.partition(":")
+            while line := await content.readline():
+                field, _, data = line.partition(b":")
                 data = data.strip()
-                if field == "data" and data == "[DONE]":
+                if field == b"error":
+                    raise connection.broken(self.upstream, f"it sent an error: {_message(data)}")
+                if field != b"data":
+                    continue  # blank lines, comments, event names
+                if data == b"[DONE]":
                     return None
                 try:
-                    chunk = json.loads(data)
-                except ValueError:
+                    chunk = _json(data)
+                except msgspec.DecodeError:
                     raise connection.broken(self.upstream, f"it sent a line that is not JSON: {line[:200]!r}") from None
-                if field == "error" or (isinstance(chunk, dict) and "error" in chunk):
-                    message, _, _ = connection.upstream_message(data.encode())
-                    raise connection.broken(self.upstream, f"it sent an error: {message}")
-                if field == "data" and isinstance(chunk, dict):
+                if isinstance(chunk, dict):
+                    if "error" in chunk:
+                        raise connection.broken(self.upstream, f"it sent an error: {_message(data)}")
                     return chunk
             return None
         except connection.FAILURES as exc:
@@ -196,6 +198,7 @@ class UpstreamGeneration:
         upstream = self.upstream
         assert upstream is not None, "start first"
         outcome = "cancelled"
+        per_chunk = metrics.upstream_gateway_chunk.labels(upstream.name)
         try:
             if self.tokenized is not None:
                 yield ChoiceEvent(0, self.tokenized)
@@ -209,7 +212,7 @@ class UpstreamGeneration:
                 passed = time.perf_counter() - arrived
                 self.clock.chunks += 1
                 self.clock.chunk_seconds += passed
-                metrics.upstream_gateway_chunk.labels(upstream.name).observe(passed)
+                per_chunk.observe(passed)
                 chunk = await self._next_after(self.reader.done)
             if not self.reader.finished_all:
                 raise connection.broken(upstream, "the stream ended before the answer did")
@@ -247,8 +250,10 @@ class UpstreamGeneration:
         first = self.clock.first_token is None
         if first:
             self.clock.first_token = t
-        elif self.clock.last_token is not None and self.upstream is not None and t > self.clock.last_token:
-            metrics.upstream_itl.labels(self.upstream.name).observe(t - self.clock.last_token)
+            assert self.upstream is not None
+            self._itl = metrics.upstream_itl.labels(self.upstream.name)
+        elif self.clock.last_token is not None and t > self.clock.last_token:
+            self._itl.observe(t - self.clock.last_token)
         self.clock.last_token = t
         return first
 
@@ -334,6 +339,14 @@ def local_fallback(route: ModelRoute, failure: GatewayError) -> ModelRoute | Non
         return None
     names = by_name()
     return next((names[f] for f in route.fallback if f in names and not names[f].upstream), None)
+
+
+_json = msgspec.json.Decoder().decode  # a chunk a line: msgspec's decoder, a third of json.loads' time
+
+
+def _message(data: bytes) -> str:
+    message, _, _ = connection.upstream_message(data)
+    return message
 
 
 def _kind(why: str) -> str:
