@@ -156,3 +156,30 @@ def test_a_replayed_upstream_turn_names_the_servers_tried_and_a_missing_tokenize
     assert page.locator("#stage-tokens .chip").count() == 0
     assert "tokens by its usage" in page.inner_text(CLOSED)
     assert page.locator("#stage-loop .loop-strip li").count() > 0  # the prompt's length from the usage
+
+
+def test_the_bench_page_races_a_local_and_an_upstream_lane(browser: Any, servers: Servers, screenshot: Any) -> None:
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, bypass_csp=True)
+    bench = context.new_page()
+    errors: list[str] = []
+    bench.on("pageerror", lambda error: errors.append(str(error)))
+    bench.goto(servers.gateway.url + "/bench/")
+    bench.click("#add-lane")
+    lanes = bench.locator(".lane")
+    for i, model in enumerate(("tiny", "far-away")):
+        lanes.nth(i).locator('[name="model"]').select_option(model)
+        lanes.nth(i).locator('[name="max_tokens"]').fill("8")
+    bench.fill("#runs", "3")
+    bench.fill("#prompt", "Tell me about the sea.")
+    bench.click("#run")
+    bench.wait_for_function("document.getElementById('progress-text').textContent.includes('done')", timeout=60000)
+    rows = bench.locator("#summary tbody tr[data-lane]")
+    assert rows.count() == 2
+    served = [rows.nth(i).locator('[data-col="served-by"]').inner_text() for i in range(2)]
+    assert [rows.nth(i).locator('[data-col="ok"]').inner_text() for i in range(2)] == ["3/3", "3/3"]
+    assert served == ["this server", servers.upstream_name]  # each lane through this server's gateway, no CORS
+    gateway_ms = [rows.nth(i).locator('[data-col="gateway"]').inner_text() for i in range(2)]
+    assert all(cell != "—" for cell in gateway_ms) and ";" in gateway_ms[1]  # the upstream lane: per chunk too
+    screenshot(bench.locator("main"), "bench-upstream-race")
+    context.close()
+    assert errors == [], f"JavaScript errors on the benchmark page: {errors}"
