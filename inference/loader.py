@@ -268,7 +268,11 @@ def _transformer(
     if plan.q8 and "amx" in (cpu_kernels.loaded_isa() or ""):
         report(LoadProgress("kernels", 0, 1, "timing the int4 kernel on AMX against the vector units"))
         cpu_kernels.choose_amx_rows(
-            [(m.packed, m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Q8)]
+            [
+                (m.packed, m.out_features, m.in_features)
+                for m in model.modules()
+                if isinstance(m, Int4Q8) and m.layout == "q4"  # only the int4 layout has an AMX path
+            ]
         )
     return model
 
