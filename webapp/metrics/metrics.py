@@ -193,7 +193,7 @@ upstream_gateway_request = Histogram(
 )
 upstream_gateway_chunk = Histogram(
     "roundtrip_upstream_gateway_chunk_seconds",
-    "The gateway's own time per chunk: upstream chunk in to client chunk out.",
+    "The gateway's own time per chunk (a request's mean): upstream chunk in to client chunk out.",
     UPSTREAM,
     buckets=_GATEWAY,
 )

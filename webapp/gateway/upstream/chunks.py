@@ -38,6 +38,7 @@ class ChunkReader:
     seed: int = 0
     choices: dict[int, ChoiceState] = field(default_factory=dict)
     usage: dict[str, Any] | None = None
+    ended: int = 0  # choices with their finish reason
 
     def read(self, chunk: dict[str, Any], t: float) -> list[Event]:
         """The events one chunk carries."""
@@ -52,7 +53,7 @@ class ChunkReader:
     @property
     def finished_all(self) -> bool:
         """Every choice has its finish reason."""
-        return all(i in self.choices and self.choices[i].finish_reason is not None for i in range(self.n))
+        return self.ended >= self.n
 
     @property
     def done(self) -> bool:
@@ -93,6 +94,7 @@ class ChunkReader:
             )
         if choice.get("finish_reason") and state.finish_reason is None:
             state.finish_reason = str(choice["finish_reason"])
+            self.ended += 1
             if state.calls:
                 events.append((index, _calls_text(state, t)))
         return events

@@ -198,7 +198,6 @@ class UpstreamGeneration:
         upstream = self.upstream
         assert upstream is not None, "start first"
         outcome = "cancelled"
-        per_chunk = metrics.upstream_gateway_chunk.labels(upstream.name)
         try:
             if self.tokenized is not None:
                 yield ChoiceEvent(0, self.tokenized)
@@ -209,10 +208,8 @@ class UpstreamGeneration:
                     if isinstance(event, wire.Sampled) and self._tokens_seen(arrived):
                         metrics.upstream_ttft.labels(upstream.name).observe(arrived - self.clock.sent)
                     yield ChoiceEvent(index, event)
-                passed = time.perf_counter() - arrived
                 self.clock.chunks += 1
-                self.clock.chunk_seconds += passed
-                per_chunk.observe(passed)
+                self.clock.chunk_seconds += time.perf_counter() - arrived
                 chunk = await self._next_after(self.reader.done)
             if not self.reader.finished_all:
                 raise connection.broken(upstream, "the stream ended before the answer did")
@@ -231,6 +228,10 @@ class UpstreamGeneration:
             raise
         finally:
             metrics.upstream_requests.labels(upstream.name, outcome).inc()
+            if self.clock.chunks:  # once a request: its mean (a histogram observed per chunk cost 3 % of a chunk)
+                metrics.upstream_gateway_chunk.labels(upstream.name).observe(
+                    self.clock.chunk_seconds / self.clock.chunks
+                )
             if outcome == "ok":
                 replicas.state(upstream).served += 1
             self.close()
