@@ -17,7 +17,7 @@ from typing import Any
 
 from inference.chat_template import Message, Prompt
 from inference.engine import Engine
-from inference.errors import ContextLengthExceededError, PromptFarTooLongError
+from inference.errors import ContextLengthExceededError, InvalidRequestError, PromptFarTooLongError
 from inference.grammar import Grammar
 from inference.loader import LoadedModel
 from inference.params import SamplingParams
@@ -91,6 +91,12 @@ class ChatPipeline:
             return prompt, fitted, len(prompt.ids) + fitted.max_tokens <= limit
 
         prompt, params, fits = attempt(0)
+        if not prompt.ids:  # nothing to run the model on: a raw empty prompt, and a model that puts no BOS first
+            raise InvalidRequestError(
+                "The prompt has no tokens: this model adds no beginning-of-text token, so an empty prompt gives it "
+                "nothing to continue. Send at least one character.",
+                "prompt",
+            )
         dropped = 0
         droppable = len(messages) - first - 1  # the newest message always stays
         if not fits and truncate_history and text is None and droppable > 0:

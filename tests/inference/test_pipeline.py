@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from inference.chat_template import Message
+from inference.errors import InvalidRequestError
 from inference.params import SamplingParams
 from inference.pipeline import ChatPipeline
 from inference.trace import ContextBuilt, Finished, ForwardStep, Sampled, TextDelta, Tokenized, TraceEvent, TraceLevel
@@ -207,3 +208,9 @@ def test_truncating_a_long_history_takes_a_few_renders_not_one_per_turn(
         > tiny_pipeline.loaded.config.context_length
     )
     assert "the last question" in request.prompt.text
+
+
+def test_an_empty_raw_prompt_on_a_model_without_bos_is_refused_not_run(tiny_pipeline: ChatPipeline) -> None:
+    with pytest.raises(InvalidRequestError, match="no tokens") as refused:
+        tiny_pipeline.prepare([], SamplingParams(max_tokens=4), text="")
+    assert refused.value.param == "prompt"
