@@ -91,12 +91,7 @@ class ChatPipeline:
             return prompt, fitted, len(prompt.ids) + fitted.max_tokens <= limit
 
         prompt, params, fits = attempt(0)
-        if not prompt.ids:  # nothing to run the model on: a raw empty prompt, and a model that puts no BOS first
-            raise InvalidRequestError(
-                "The prompt has no tokens: this model adds no beginning-of-text token, so an empty prompt gives it "
-                "nothing to continue. Send at least one character.",
-                "prompt",
-            )
+        _require_tokens(prompt)
         dropped = 0
         droppable = len(messages) - first - 1  # the newest message always stays
         if not fits and truncate_history and text is None and droppable > 0:
@@ -227,3 +222,14 @@ def _fewest(enough: Callable[[int], bool], most: int) -> int:
         else:
             low = middle + 1
     return low
+
+
+def _require_tokens(prompt: Prompt) -> None:
+    """Nothing to run the model on (a raw empty prompt, and a model that puts no BOS first) is refused: run, it would
+    never end."""
+    if not prompt.ids:
+        raise InvalidRequestError(
+            "The prompt has no tokens: this model adds no beginning-of-text token, so an empty prompt gives it "
+            "nothing to continue. Send at least one character.",
+            "prompt",
+        )
