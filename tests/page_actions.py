@@ -142,7 +142,7 @@ def walk_the_tour(page: Any, pause_s: float = 0.4) -> list[str]:
                 page.wait_for_timeout(pause_s * 1000)
                 assert page.locator(".bubble.assistant:last-child .tok").count() == 1
             page.click("#tour [data-tour=next]")
-    page.locator("#tour [data-tour=text]", has_text="Time to first token").wait_for(timeout=60000)
+    page.locator("#tour [data-tour=text]", has_text="Time to first token").wait_for(timeout=120000)
     said.append(page.inner_text("#tour [data-tour=text]"))
     return said
 
