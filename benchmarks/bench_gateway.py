@@ -119,12 +119,20 @@ def litellm_proxy(workdir: Path, command: str | None, upstream: Target) -> Itera
 
 
 class Prompts:
+    """Prompts of one length, none sharing more than the chat template's prefix with the one before.
+
+    llama-server keeps each slot's last prompt and reuses its longest common prefix, and its prefill time grows with
+    the prompt: a target given longer prompts, or prompts that share more with the one before, is measured slower for
+    its prompts, not for the path to the server. So every request of a round (the same topic for every target) starts
+    with its own number, its last digit first: five digits, one token each, which differ from the previous request's
+    from the first token on."""
+
     def __init__(self) -> None:
         self.n = 0
 
-    def next(self) -> str:
+    def next(self, round_: int) -> str:
         self.n += 1
-        return f"Request {self.n}: write a long, detailed story about {TOPICS[self.n % len(TOPICS)]}."
+        return f"{self.n % 10}{self.n:04d}: write a long, detailed story about {TOPICS[round_ % len(TOPICS)]}."
 
 
 def _p50(values: list[float]) -> float:
@@ -141,7 +149,7 @@ async def one_stream(
         order = names[i % len(names) :] + names[: i % len(names)]
         for name in order:
             target, model = targets[name]
-            out[name].append(await one_request(target.url, target.key, model, prompts.next(), max_tokens, i))
+            out[name].append(await one_request(target.url, target.key, model, prompts.next(i), max_tokens, i))
     return out
 
 
@@ -156,7 +164,7 @@ async def many_streams(
             target, model = targets[name]
             started = time.perf_counter()
             results = await asyncio.gather(
-                *(one_request(target.url, target.key, model, prompts.next(), max_tokens, i) for i in range(streams))
+                *(one_request(target.url, target.key, model, prompts.next(r), max_tokens, i) for i in range(streams))
             )
             results_so_far, seconds = out[name]
             out[name] = (results_so_far + list(results), seconds + time.perf_counter() - started)

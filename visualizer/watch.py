@@ -15,6 +15,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 
+from webapp.gateway import cache_calls
 from webapp.worker import wire
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ def _bump(delta: int) -> None:
 
 
 async def anyone_watching() -> bool:
-    return int(await sync_to_async(cache.get)(WATCHERS_KEY, 0) or 0) > 0
+    """Asked by every turn as it starts."""
+    return int(await cache_calls.call(cache.get, WATCHERS_KEY, 0) or 0) > 0
 
 
 async def publish(frame: dict[str, Any]) -> None:

@@ -90,11 +90,13 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done() -> None
     parts = run_async(collect())
     assert generation.cancelled  # the worker is told to stop
     assert parts[-1] == b"data: [DONE]\n\n"
-    error = json.loads(parts[-2].removeprefix(b"data: "))
+    assert parts[0].count(b"data: ") == 2  # the role chunk and the first text, written together
+    events = b"".join(parts).split(b"\n\n")[:-1]
+    error = json.loads(events[-2].removeprefix(b"data: "))
     assert error == {
         "error": {"message": "The model failed: boom", "type": "server_error", "param": None, "code": "server_error"}
     }
-    assert json.loads(parts[1].removeprefix(b"data: "))["choices"][0]["delta"] == {"content": "Hi"}
+    assert json.loads(events[1].removeprefix(b"data: "))["choices"][0]["delta"] == {"content": "Hi"}
     row = UsageRecord.objects.get(request_id="chatcmpl-test")
     assert (row.status, row.finish_reason, row.completion_tokens) == (500, "error", 1)
 

@@ -120,11 +120,13 @@ def chat_stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) 
     chunks = ChatChunks(turn, bool(body.logprobs), body.include_usage, body.continuous_usage)
 
     async def events() -> AsyncIterator[bytes]:
+        # What one event releases goes out in one write: the first token's text goes with the role chunk before it,
+        # not a write (and a wake of the client) later.
         async for choice, piece in choice_events(turn, choices):
-            for out in chunks.feed(choice, piece):
-                yield out
-        for out in chunks.end():
-            yield out
+            if out := chunks.feed(choice, piece):
+                yield b"".join(out)
+        if out := chunks.end():
+            yield b"".join(out)
 
     return guarded_sse(turn, events())
 

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 
 from inference.params import SamplingParams
 from webapp.catalog import ModelRoute
-from webapp.gateway import client
+from webapp.gateway import cache_calls, client
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, Stage, limit_and_route, record_usage
 from webapp.gateway.identity import Identity
@@ -108,10 +107,6 @@ class Usage:
         }
 
 
-def _cache_in_memory() -> bool:
-    return str(settings.CACHES["default"]["BACKEND"]).endswith("LocMemCache")
-
-
 @functools.lru_cache(maxsize=64)
 def _fingerprint(model: str, weights: str) -> str:
     return "fp_" + hashlib.sha256(f"{model}|{weights}".encode()).hexdigest()[:12]
@@ -142,13 +137,9 @@ class Turn:
 
     async def admit(self, model: str) -> ModelRoute:
         """Stages 2 and 3: rate limits and budgets, then the model; GatewayError when refused. The counters live in
-        Django's cache: in this process's memory they answer in microseconds, here on the event loop (a thread hop
-        would cost more than they do); in Redis they are network calls, made on a thread."""
+        Django's cache (`cache_calls` says where they are counted)."""
         assert self.ctx.identity is not None, "authenticate first"
-        if _cache_in_memory():
-            limit_and_route(self.ctx, self.ctx.identity, model)
-        else:
-            await sync_to_async(limit_and_route)(self.ctx, self.ctx.identity, model)
+        await cache_calls.call(limit_and_route, self.ctx, self.ctx.identity, model)
         assert self.ctx.route is not None
         return self.ctx.route
 
