@@ -1,7 +1,7 @@
 """What Roundtrip's gateway adds in front of another server: llama.cpp's llama-server on the same GGUF, streamed to
 directly and through the gateway (and through LiteLLM's proxy, when it is installed), by the same client, alternating.
 
-    python benchmarks/bench_gateway.py [--levels 1,8] [--requests 40] [--max-tokens 64] [--litellm PATH]
+    python benchmarks/bench_gateway.py [--levels 1,8] [--requests 100] [--max-tokens 64] [--litellm PATH]
 
 Starts llama-server (built by ../shared/tools/llamacpp-reference; `--parallel` = the highest level) and a Roundtrip
 gateway (`manage.py serve`, a fresh SQLite file, an unlimited key) whose only model is that llama-server, an upstream
@@ -186,10 +186,21 @@ def row(results: list[RequestResult], seconds: float | None = None) -> dict[str,
     return out
 
 
+def paired(through: list[RequestResult], direct: list[RequestResult]) -> dict[str, float]:
+    """At one stream, request i of every target has the same topic and prompt length and ran in the same round: the
+    median over rounds of (through - direct) for TTFT and for the request's median ITL. llama-server's prefill time
+    wanders by several milliseconds over a run; the difference of two targets' p50s carries that noise, the paired
+    differences much less of it."""
+    pairs = [(t, d) for t, d in zip(through, direct, strict=True) if t.ttft is not None and d.ttft is not None]
+    ttft = [t.ttft - d.ttft for t, d in pairs if t.ttft is not None and d.ttft is not None]
+    itl = [_p50(t.itls()) - _p50(d.itls()) for t, d in pairs if t.itls() and d.itls()]
+    return {"ttft_paired_ms": _p50(ttft) * 1000, "itl_paired_ms": _p50(itl) * 1000}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,8", help="concurrent streams, comma-separated (1 is one at a time)")
-    parser.add_argument("--requests", type=int, default=40, help="requests per target at one stream")
+    parser.add_argument("--requests", type=int, default=100, help="requests per target at one stream")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per target at more streams")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--model", default="", help="GGUF file or bundled model (default: SmolLM2-135M-Instruct)")
@@ -215,6 +226,8 @@ def main() -> None:
                     if level == 1:
                         found = asyncio.run(one_stream(targets, args.requests, args.max_tokens, prompts))
                         rows = {name: row(results) for name, results in found.items()}
+                        for name in rows.keys() - {"llama-server"}:
+                            rows[name] |= paired(found[name], found["llama-server"])
                     else:
                         timed = asyncio.run(many_streams(targets, level, args.rounds, args.max_tokens, prompts))
                         rows = {name: row(results, seconds) for name, (results, seconds) in timed.items()}
@@ -248,7 +261,10 @@ def report(table: dict[str, dict[str, dict[str, float]]], model_path: str, max_t
             ttft = through["ttft_p50_ms"] - direct["ttft_p50_ms"]
             itl = through["itl_p50_ms"] - direct["itl_p50_ms"]
             bars = f" (bars: <= {BARS['ttft_ms']} ms, <= {BARS['itl_ms']} ms)" if proxy == "roundtrip" else ""
-            added.append(f"1 stream: TTFT p50 {ttft:+.2f} ms, ITL p50 {itl:+.3f} ms{bars}")
+            added.append(
+                f"1 stream: TTFT p50 {ttft:+.2f} ms, ITL p50 {itl:+.3f} ms{bars}; paired by round: TTFT "
+                f"{through['ttft_paired_ms']:+.2f} ms, ITL {through['itl_paired_ms']:+.3f} ms"
+            )
         if "8" in table and proxy in table["8"]:
             loss = 1 - table["8"][proxy]["tok_s"] / table["8"]["llama-server"]["tok_s"]
             bar = f" (bar: <= {BARS['throughput_loss']:.0%})" if proxy == "roundtrip" else ""

@@ -34,7 +34,6 @@ SECRET_KEY = persisted_secret(
 ALLOWED_HOSTS = env_list("ROUNDTRIP_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
