@@ -299,11 +299,14 @@ class UpstreamGeneration:
 
 async def _send(url: str, body: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
     """POST, once more on a fresh connection when a kept-alive one turns out closed (a server closes idle connections
-    after its keep-alive timeout; one closed just as it was reused is not the server failing)."""
+    after its keep-alive timeout, and llama-server closes one after a streamed answer: reused at that moment, the
+    request cannot be written). That is not the server failing; a connection that cannot be made is."""
     session = connection.http()
     try:
         return await session.post(url, data=body, headers=headers)
-    except aiohttp.ServerDisconnectedError:
+    except aiohttp.ClientConnectorError:
+        raise
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
         return await session.post(url, data=body, headers=headers)
 
 
