@@ -1,6 +1,6 @@
 """What the HTTP transport under Daphne (Twisted) does before the application sees a request: every request reaches
 the application, which answers in its own format and writes a usage row. And what it does with an answer: each write
-is sent at once (`HeaderLimitChannel._send_now`).
+is sent at once (`HeaderLimitChannel._send`).
 
 Oversized request headers get an answer, not a dropped connection.
 
@@ -64,23 +64,37 @@ class HeaderLimitChannel(HTTPChannel):
         super().lineReceived(line)
 
     def write(self, data: bytes) -> None:
-        super().write(data)
-        self._send_now()
+        self._send(data)
 
     def writeSequence(self, iovec: list[bytes]) -> None:
-        super().writeSequence(iovec)
-        self._send_now()
+        self._send(b"".join(iovec))
 
-    def _send_now(self) -> None:
-        """Send what was just written now. Twisted's transport only marks its socket for writing and sends on a
-        later turn of the event loop; on two cores shared with a busy model server the process was often descheduled
-        between the two, and a streamed token reached the client 1.8 ms after the gateway had it (0.4 ms when sent at
-        once; the gateway's CPU time per token fell by a fifth, benchmarks/bench_gateway.py on llama-server). A send
-        that cannot finish, or fails, is left to the loop as before (its writer stays registered); so is everything
-        on a connection that is closing."""
-        transport = self.transport
-        if transport is not None and transport.connected and not transport.disconnecting:
-            transport.doWrite()  # the TCP transport's own IWriteDescriptor method
+    def _send(self, data: bytes) -> None:
+        """Send at once what the socket takes, and leave only the rest to Twisted's buffer and the event loop.
+
+        Twisted's transport only buffers a write and registers its socket with the loop, which sends on a later
+        turn and then unregisters it: two `epoll_ctl` calls and a loop turn for every streamed chunk. On two cores
+        shared with a busy model server the process was often descheduled in between, and a streamed token reached
+        the client 1.8 ms after the gateway had it (0.4 ms when sent at once; benchmarks/bench_gateway.py on
+        llama-server). So when nothing is waiting in the transport's buffer, the bytes go straight to the socket
+        (`writeSomeData`, the TCP transport's own send); what it does not take, or a send that fails, goes the usual
+        way, and so does everything on a connection that is closing or not plain TCP."""
+        transport: Any = self.transport
+        if (
+            data
+            and transport is not None
+            and hasattr(transport, "writeSomeData")
+            and transport.connected
+            and not transport.disconnecting
+            and not transport.dataBuffer
+            and not transport._tempDataBuffer
+        ):
+            sent = transport.writeSomeData(data)
+            if isinstance(sent, int) and sent > 0:
+                data = data[sent:]
+                if not data:
+                    return
+        super().write(data)
 
     def _refuse(self) -> None:
         if self.transport is not None:

@@ -19,6 +19,7 @@ from django.conf import settings
 
 from webapp.catalog import Upstream
 from webapp.gateway.errors import GatewayError
+from webapp.gateway.upstream import stream_client
 
 _sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
 
@@ -43,13 +44,20 @@ def http() -> aiohttp.ClientSession:
 def why(exc: BaseException) -> str:
     """A failed connection or read, in a few words."""
     if isinstance(exc, asyncio.TimeoutError):
-        return f"timed out ({type(exc).__name__})"
+        return f"timed out ({exc or type(exc).__name__})"
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"could not connect ({exc.os_error or type(exc).__name__})"
+    if isinstance(exc, stream_client.UpstreamConnectError):
+        return f"could not connect ({exc})"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)  # what a connection or read to an upstream may raise
+FAILURES = (  # what a connection or read to an upstream may raise
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    stream_client.UpstreamConnectError,
+    stream_client.UpstreamDisconnected,
+)
 
 
 def headers(upstream: Upstream, request_id: str = "") -> dict[str, str]:

@@ -13,20 +13,19 @@ leaves closes the upstream connection, which stops the upstream's generation.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import msgspec
+from django.conf import settings
 
 from inference.params import SamplingParams
 from webapp.catalog import ModelRoute, Upstream, by_name
 from webapp.gateway.client import ChoiceEvent
 from webapp.gateway.errors import GatewayError
-from webapp.gateway.upstream import connection, probe, replicas, request_body, tokenizer
+from webapp.gateway.upstream import connection, probe, replicas, request_body, stream_client, tokenizer
 from webapp.gateway.upstream.chunks import ChunkReader
 from webapp.metrics import metrics
 from webapp.worker import wire
@@ -73,7 +72,7 @@ class UpstreamGeneration:
         self.finished_choices: dict[int, wire.Finished] = {}
         self.cancelled = False
         self.closed = False
-        self._response: aiohttp.ClientResponse | None = None
+        self._response: stream_client.Response | None = None
         self._first: dict[str, Any] | None = None
         self.reader = ChunkReader(n, 0.0, seed)
         self.tokenized: wire.Tokenized | None = None  # the prompt's tokens, for the page (see `generate`)
@@ -118,8 +117,12 @@ class UpstreamGeneration:
         self.clock.sent = time.perf_counter()
         self.reader.sent = self.clock.sent
         try:
-            response = await _send(
-                upstream.url + path, json.dumps(payload), connection.headers(upstream, self.request_id)
+            response = await stream_client.post(
+                upstream.url + path,
+                msgspec.json.encode(payload),
+                connection.headers(upstream, self.request_id),
+                settings.ROUNDTRIP_UPSTREAM_CONNECT_TIMEOUT,
+                settings.ROUNDTRIP_UPSTREAM_TIMEOUT,
             )
         except connection.FAILURES as exc:
             self._leave(upstream)
@@ -170,9 +173,9 @@ class UpstreamGeneration:
         """The next chunk (None at the end: [DONE], or the connection closed cleanly); GatewayError when the
         connection breaks, the upstream goes silent, or it sends an error."""
         assert self._response is not None and self.upstream is not None
-        content = self._response.content
+        response = self._response
         try:
-            while line := await content.readline():
+            while line := await response.line():
                 field, _, data = line.partition(b":")
                 data = data.strip()
                 if field == b"error":
@@ -295,19 +298,6 @@ class UpstreamGeneration:
             self._response.release() if self.finished is not None else self._response.close()
         if self.upstream is not None:
             self._leave(self.upstream)
-
-
-async def _send(url: str, body: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
-    """POST, once more on a fresh connection when a kept-alive one turns out closed (a server closes idle connections
-    after its keep-alive timeout, and llama-server closes one after a streamed answer: reused at that moment, the
-    request cannot be written). That is not the server failing; a connection that cannot be made is."""
-    session = connection.http()
-    try:
-        return await session.post(url, data=body, headers=headers)
-    except aiohttp.ClientConnectorError:
-        raise
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-        return await session.post(url, data=body, headers=headers)
 
 
 async def _tokenized(
