@@ -2,12 +2,15 @@
 directly and through the gateway (and through LiteLLM's proxy, when it is installed), by the same client, alternating.
 
     python benchmarks/bench_gateway.py [--levels 1,8] [--requests 100] [--max-tokens 64] [--litellm PATH]
+                                       [--baseline-root CHECKOUT]
 
 Starts llama-server (built by ../shared/tools/llamacpp-reference; `--parallel` = the highest level) and a Roundtrip
 gateway (`manage.py serve`, a fresh SQLite file, an unlimited key) whose only model is that llama-server, an upstream
 entry of ROUNDTRIP_MODELS: every request passes the whole gateway (key, limits, route, usage row). With `--litellm`
 (the `litellm` command of a venv with `litellm[proxy]`), LiteLLM's proxy in front of the same llama-server is
-measured too, as the reference a deployment would otherwise use.
+measured too, as the reference a deployment would otherwise use. With `--baseline-root` (another checkout of this
+repository, say `git worktree add /tmp/before <commit>`), that checkout's gateway runs as one more target in the same
+rounds ("baseline"): a change to the gateway is measured against the code before it under the same drift.
 
 At one stream, requests go one at a time, cycling through the targets (the order turned every round, so no target
 always follows another); at N streams, each round runs N concurrent streams against one target, the targets taking
@@ -47,27 +50,40 @@ BARS = {"ttft_ms": 2.0, "itl_ms": 0.3, "throughput_loss": 0.05}
 
 
 @contextmanager
-def gateway(workdir: Path, upstream: Target) -> Iterator[Target]:
-    """`manage.py serve` with one model, the llama-server upstream (no local model: nothing loads here)."""
+def gateway(workdir: Path, upstream: Target, root: Path = ROOT) -> Iterator[Target]:
+    """`manage.py serve` of the checkout at `root`, with one model, the llama-server upstream (no local model:
+    nothing loads here)."""
     models = [{"id": "llama", "url": upstream.url, "upstream_model": "default", "aliases": []}]
     env = {
         **os.environ,
-        "ROUNDTRIP_SQLITE_PATH": str(workdir / "gateway.sqlite3"),
+        "ROUNDTRIP_SQLITE_PATH": str(workdir / f"gateway-{abs(hash(root))}.sqlite3"),
         "ROUNDTRIP_DEBUG": "0",
         "ROUNDTRIP_SECRET_KEY": "bench",
         "ROUNDTRIP_MODELS": json.dumps(models),
         "PYTHONUNBUFFERED": "1",
     }
-    manage(env, "migrate", "--noinput")
-    key = manage(env, "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0")
+    manage(env, "migrate", "--noinput", root=root)
+    key = manage(
+        env, "createapikey", "bench", "--rpm", "0", "--tpm", "0", "--concurrent", "0", "--budget", "0", root=root
+    )
     port = free_port()
-    log = workdir / "gateway.log"
-    process = start(env, log, "serve", "--port", str(port))
+    log = workdir / f"gateway-{abs(hash(root))}.log"
+    process = start(env, log, "serve", "--port", str(port), root=root)
     try:
         wait_ready(f"http://127.0.0.1:{port}", [process], [log], timeout=120)
         yield Target(f"http://127.0.0.1:{port}/v1", key.strip().split()[-1], process.pid)
     finally:
         stop([process])
+
+
+@contextmanager
+def baseline_gateway(workdir: Path, upstream: Target, root: Path | None) -> Iterator[Target | None]:
+    """The gateway of another checkout (`--baseline-root`), or None."""
+    if root is None:
+        yield None
+        return
+    with gateway(workdir, upstream, root.resolve()) as target:
+        yield target
 
 
 @contextmanager
@@ -206,6 +222,7 @@ def main() -> None:
     parser.add_argument("--model", default="", help="GGUF file or bundled model (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--litellm", default=shutil.which("litellm"), help="LiteLLM's `litellm` command, if any")
     parser.add_argument("--output", help="write the table as JSON here")
+    parser.add_argument("--baseline-root", type=Path, help="another checkout whose gateway runs beside this one")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     model_path = model_file(args.model)
@@ -216,10 +233,16 @@ def main() -> None:
         with llama_server(workdir, levels, model_path, threads) as upstream:
             if upstream is None:
                 raise SystemExit("llama-server is needed: run ../shared/tools/llamacpp-reference")
-            with gateway(workdir, upstream) as ours, litellm_proxy(workdir, args.litellm, upstream) as litellm:
+            with (
+                gateway(workdir, upstream) as ours,
+                litellm_proxy(workdir, args.litellm, upstream) as litellm,
+                baseline_gateway(workdir, upstream, args.baseline_root) as baseline,
+            ):
                 targets = {"llama-server": (upstream, "default"), "roundtrip": (ours, "llama")}
                 if litellm is not None:
                     targets["litellm"] = (litellm, "llama")
+                if baseline is not None:
+                    targets["baseline"] = (baseline, "llama")
                 prompts = Prompts()
                 asyncio.run(one_stream(targets, 3, 8, prompts))  # warm-up: connections, caches; not counted
                 for level in levels:
@@ -254,7 +277,7 @@ def report(table: dict[str, dict[str, dict[str, float]]], model_path: str, max_t
                 f"{level:>8} {name:<14}{r['requests']:>9}{r['errors']:>7}{r['ttft_p50_ms']:>9.2f}ms"
                 f"{r['itl_p50_ms']:>8.3f}ms{tok_s}"
             )
-    for proxy in ("roundtrip", "litellm"):
+    for proxy in ("roundtrip", "baseline", "litellm"):
         added = []
         if "1" in table and proxy in table["1"]:
             direct, through = table["1"]["llama-server"], table["1"][proxy]
