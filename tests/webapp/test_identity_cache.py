@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from webapp.gateway.errors import GatewayError
-from webapp.gateway.identity import identify_key, known_key
+from webapp.gateway.identity import identify_key, known_key, renew
 from webapp.keys.models import ApiKey
 
 pytestmark = pytest.mark.django_db
@@ -50,4 +50,30 @@ def test_with_no_time_to_remember_every_request_looks_the_key_up(settings: Any) 
     settings.ROUNDTRIP_KEY_CACHE_SECONDS = 0
     _, raw = ApiKey.create_key("uncached")
     identify_key(f"Bearer {raw}")
+    assert known_key(f"Bearer {raw}") is None
+
+
+def test_a_key_in_use_is_renewed_after_its_request_so_the_next_one_needs_no_query(settings: Any) -> None:
+    settings.ROUNDTRIP_KEY_CACHE_SECONDS = 0.4
+    _, raw = ApiKey.create_key("busy")
+    identity = identify_key(f"Bearer {raw}")
+    with CaptureQueriesContext(connection) as queries:
+        renew(identity)  # early in its time: nothing to do
+    assert len(queries) == 0
+    time.sleep(0.25)
+    renew(identity)  # past half its time: looked up again
+    time.sleep(0.25)  # past the first lookup's time, within the renewal's
+    with CaptureQueriesContext(connection) as queries:
+        assert known_key(f"Bearer {raw}") is not None
+    assert len(queries) == 0
+
+
+def test_renewing_a_key_revoked_by_another_process_forgets_it(settings: Any) -> None:
+    settings.ROUNDTRIP_KEY_CACHE_SECONDS = 0.4
+    key, raw = ApiKey.create_key("revoked-elsewhere")
+    identity = identify_key(f"Bearer {raw}")
+    ApiKey.objects.filter(pk=key.pk).update(is_active=False)  # no signal here: as if another process revoked it
+    assert known_key(f"Bearer {raw}") is not None
+    time.sleep(0.25)
+    renew(identity)
     assert known_key(f"Bearer {raw}") is None

@@ -32,7 +32,7 @@ from webapp.catalog import ModelRoute
 from webapp.gateway import cache_calls, client
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext, Stage, limit_and_route, record_usage
-from webapp.gateway.identity import Identity
+from webapp.gateway.identity import Identity, renew
 from webapp.gateway.upstream import generation as upstream
 from webapp.usage.models import UsageRecord
 from webapp.worker import wire
@@ -300,7 +300,7 @@ class Turn:
             generation.close()
         ttft = None if self.usage.first_token_at is None else self.usage.first_token_at - self.ctx.started
         self.record = await asyncio.shield(
-            sync_to_async(record_usage)(
+            sync_to_async(_usage_row)(
                 self.ctx,
                 self.status,
                 self.finish_reason,
@@ -314,3 +314,12 @@ class Turn:
         for observer in _observers:
             await observer.settled(self, self.record)
         return self.record
+
+
+def _usage_row(ctx: RequestContext, *args: Any) -> UsageRecord:
+    """The settled turn's usage row, and, on the same thread, its key's renewal in the key cache (`renew`): after the
+    answer, so the next request does not wait for the database."""
+    record = record_usage(ctx, *args)
+    if ctx.identity is not None:
+        renew(ctx.identity)
+    return record
