@@ -124,6 +124,7 @@ class Turn:
         self.status, self.error_code = 200, ""
         self.record: UsageRecord | None = None
         self.level: wire.Level = "off"  # how much of its trace the worker sends
+        self._fingerprint: str | None = None
 
     @property
     def request_id(self) -> str:
@@ -284,10 +285,12 @@ class Turn:
     @property
     def fingerprint(self) -> str | None:
         """OpenAI's system_fingerprint: which model file in which weight format answered; a seed reproduces a
-        result only under the same fingerprint. (Every streamed chunk carries it: hashed once per turn.)"""
-        if self.generation is None or self.generation.accepted is None or self.ctx.route is None:
-            return None
-        return _fingerprint(self.ctx.route.id, self.generation.accepted.weights)
+        result only under the same fingerprint. (Every streamed chunk carries it: worked out once per turn.)"""
+        if self._fingerprint is None:
+            if self.generation is None or self.generation.accepted is None or self.ctx.route is None:
+                return None
+            self._fingerprint = _fingerprint(self.ctx.route.id, self.generation.accepted.weights)
+        return self._fingerprint
 
     async def settle(self) -> UsageRecord:
         """Stage 5, exactly once: stop what still runs, write the usage row, tell the observers."""

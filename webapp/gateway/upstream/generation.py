@@ -76,7 +76,7 @@ class UpstreamGeneration:
         self._first: dict[str, Any] | None = None
         self.reader = ChunkReader(n, 0.0, seed)
         self.tokenized: wire.Tokenized | None = None  # the prompt's tokens, for the page (see `generate`)
-        self._itl: Any = None  # the upstream's inter-token histogram, labelled once
+        self._gaps: list[float] = []  # the upstream's inter-token times, observed once the stream is done
 
     # --- before the first byte: choose, send, retry --------------------------------------------------------------
 
@@ -237,6 +237,7 @@ class UpstreamGeneration:
                 )
             if outcome == "ok":
                 replicas.state(upstream).served += 1
+            self._observe_gaps(upstream)
             self.close()
 
     async def _next_after(self, done: bool) -> dict[str, Any] | None:
@@ -254,12 +255,19 @@ class UpstreamGeneration:
         first = self.clock.first_token is None
         if first:
             self.clock.first_token = t
-            assert self.upstream is not None
-            self._itl = metrics.upstream_itl.labels(self.upstream.name)
         elif self.clock.last_token is not None and t > self.clock.last_token:
-            self._itl.observe(t - self.clock.last_token)
+            self._gaps.append(t - self.clock.last_token)
         self.clock.last_token = t
         return first
+
+    def _observe_gaps(self, upstream: Upstream) -> None:
+        """The inter-token histogram gets this stream's gaps once it is over: observed per token, its lock and bucket
+        search ran on every token's path while the upstream, on the same cores, computed the next one."""
+        if self._gaps:
+            histogram = metrics.upstream_itl.labels(upstream.name)
+            for gap in self._gaps:
+                histogram.observe(gap)
+            self._gaps.clear()
 
     def extra_timings(self) -> dict[str, Any]:
         """For `roundtrip_timings`: which server answered, after which failures, and the gateway's own time."""
