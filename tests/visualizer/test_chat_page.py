@@ -384,8 +384,9 @@ def test_the_forward_pass_shows_both_halves_of_every_layer(page: Any, tmp_path: 
         "Delhi.'",
         timeout=30000,
     )
-    page.wait_for_timeout(300)
-    assert page.locator(f'{forward} [data-field="lens"] tbody tr').count() == 6 and page.inner_text(rope) == ""
+    lens_rows = f'{forward} [data-field="lens"] tbody tr'
+    page.wait_for_function("rows => document.querySelectorAll(rows).length === 6", arg=lens_rows, timeout=15000)
+    assert page.locator(lens_rows).count() == 6 and page.inner_text(rope) == ""
 
 
 def ms_text(value: float) -> str:
