@@ -30,6 +30,13 @@ def _chunk(data: bytes) -> bytes:
 STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
+async def _one_line_streamed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read the request, answer with a stream's head and one line."""
+    await _read_request(reader)
+    writer.write(STREAM_HEAD + _chunk(b"data: {}\n\n"))
+    await writer.drain()
+
+
 async def _serve(handler: Handler, test: Callable[[str], Awaitable[None]]) -> None:
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -99,9 +106,7 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_by_a_new_one() ->
 
 def test_an_upstream_that_goes_silent_raises_after_the_silence_timeout() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(STREAM_HEAD + _chunk(b"data: {}\n\n"))
-        await writer.drain()
+        await _one_line_streamed(reader, writer)
         await asyncio.sleep(5)
 
     async def test(url: str) -> None:
@@ -118,9 +123,7 @@ def test_an_upstream_that_goes_silent_raises_after_the_silence_timeout() -> None
 
 def test_a_stream_cut_short_raises_disconnected() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(STREAM_HEAD + _chunk(b"data: {}\n\n"))
-        await writer.drain()
+        await _one_line_streamed(reader, writer)
         writer.transport.abort()
 
     async def test(url: str) -> None:
