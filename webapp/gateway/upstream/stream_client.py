@@ -174,11 +174,13 @@ class Response:
         return body
 
     def release(self) -> None:
-        """Done with it: a complete response's kept-alive connection goes back to the pool; otherwise it is closed."""
+        """Done with it: a complete response's kept-alive connection goes back to the pool; otherwise it is closed.
+        What is left unread may only be blank (an event stream's last line ends its event: a reader that stops at
+        `data: [DONE]` leaves the blank line after it)."""
         self._stop_watchdog()
         connection = self.connection
         connection.response = None
-        if self.complete and self.keep_alive and not self._body and not connection.closed:
+        if self.complete and self.keep_alive and not self._body.strip() and not connection.closed:
             connection.idle_since = time.monotonic()
             connection.pool.append(connection)
         else:
