@@ -230,8 +230,9 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
 
 
 def q8_fast() -> bool:
-    """Whether q8_mm has its fast path here: AVX512-VNNI (elsewhere it is a plain loop, for tests)."""
-    return (loaded_isa() or "").startswith("avx512")
+    """Whether q8_mm and q6_mm run here: the kernels are loaded (AVX512-VNNI's VPDPBUSD, or AVX2's VPMADDWD on
+    codes widened to 16 bits)."""
+    return _loaded is not None
 
 
 def q8_supported(n: int, k: int) -> bool:

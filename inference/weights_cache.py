@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-CACHE_FORMAT = 8  # bump when the stored layout changes (`ModelWeights.state`)
+CACHE_FORMAT = 9  # bump when the stored layout changes (`ModelWeights.state`) or what is stored for a plan does
+# (9: an AVX2 CPU keeps a file's 5- to 8-bit blocks as they are, where 8 rounded them to 4 bits)
 
 
 def entry_for(cache_dir: Path, model_path: str) -> Path:

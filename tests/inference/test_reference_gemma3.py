@@ -21,8 +21,10 @@ REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "llam
 # Where our greedy text leaves llama.cpp's, the two best logits of llama.cpp's own step were at most this far apart.
 # Both round activations to 8 bits, at different points (llama.cpp per 256 for its K-quant blocks and per 32 for the
 # others, we per 32 everywhere): on the six prompts five agree for all 32 tokens and one leaves llama.cpp's text at
-# a gap of 0.048 logits (with Q6_K re-gridded, three left it at 0.05 to 0.16), while the median gap is 0.7.
-NEAR_TIE = 0.25
+# a gap of 0.048 logits (with Q6_K re-gridded, three left it at 0.05 to 0.16), while the median gap is 0.7. On an
+# AVX2 CPU (no AVX-512: other float sums before each rounding) one left it at a gap of 0.39, where our two logits were
+# 0.17 apart the other way: rounded to two int8 parts (about 15 bits) the same step agrees with llama.cpp.
+NEAR_TIE = 0.5
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
+from django.db import connection
 from loops import run_async
 
 from webapp.keyed_api import KeyedApiHandler, KeyedApiRouter, keyed_api_request
@@ -54,3 +56,21 @@ def test_a_keyed_request_is_answered_without_the_pages_headers_and_a_bad_host_is
     assert page[0] == 401 and b"content-security-policy" in page[1]
     refused = run_async(_get(_scope("/v1/models", [(b"authorization", b"Bearer rt-x")], host=b"evil.example")))
     assert refused[0] == 400
+
+
+def _open_connection() -> int | None:
+    return id(connection.connection) if connection.connection is not None else None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_thread_keeps_its_database_connection_from_one_request_to_the_next() -> None:
+    async def two_requests() -> list[int | None]:
+        seen = []
+        for _ in range(2):
+            status, _, _ = await _get(_scope("/v1/models", [(b"authorization", b"Bearer rt-unknown")]))
+            assert status == 401  # the key was looked up in the database, on the API's thread
+            seen.append(await sync_to_async(_open_connection)())
+        return seen
+
+    first, second = run_async(two_requests())
+    assert first is not None and first == second
