@@ -21,6 +21,7 @@ it is switched off, and the API answers such a body with its 400 and a usage row
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -48,6 +49,16 @@ TOO_LARGE = (
 )
 
 
+class _Kept:
+    """Stands in for the transport while Twisted writes a response's head: keeps its bytes."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def writeSequence(self, iovec: list[bytes]) -> None:
+        self.parts.extend(iovec)
+
+
 class HeaderLimitChannel(HTTPChannel):
     """Twisted's channel with larger header limits, answering 431 instead of closing or a bare 400 past them."""
 
@@ -63,11 +74,38 @@ class HeaderLimitChannel(HTTPChannel):
             return
         super().lineReceived(line)
 
+    _head = b""  # a response's status line and headers, not sent yet (see `writeHeaders`)
+
     def write(self, data: bytes) -> None:
         self._send(data)
 
     def writeSequence(self, iovec: list[bytes]) -> None:
         self._send(b"".join(iovec))
+
+    def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Any) -> None:
+        """A response's head leaves with its first body bytes, in one send.
+
+        Twisted writes the head straight into the transport's buffer, where it waits for the next loop turn, and with
+        it the body's first bytes that `_send` would have sent at once: every response's first chunk (a stream's first
+        token) went out a loop turn late, after two `epoll_ctl` calls. Here the head is kept for the write that
+        follows it in the same call (`Request.write` writes both); a response with no body bytes after its head
+        (HEAD, 204, an empty body) gets it on the next loop turn, or as the connection closes."""
+        kept = _Kept()
+        transport, self.transport = self.transport, kept  # type: ignore[assignment]
+        try:
+            super().writeHeaders(version, code, reason, headers)
+        finally:
+            self.transport = transport
+        self._head += b"".join(kept.parts)
+        asyncio.get_running_loop().call_soon(self._flush_head)  # Daphne runs Twisted on asyncio's loop
+
+    def _flush_head(self) -> None:
+        if self._head and self.transport is not None:
+            self._send(b"")
+
+    def loseConnection(self) -> None:
+        self._flush_head()  # a head with no body after it (HEAD, 204) goes before the connection closes
+        super().loseConnection()
 
     def _send(self, data: bytes) -> None:
         """Send at once what the socket takes, and leave only the rest to Twisted's buffer and the event loop.
@@ -79,6 +117,8 @@ class HeaderLimitChannel(HTTPChannel):
         llama-server). So when nothing is waiting in the transport's buffer, the bytes go straight to the socket
         (`writeSomeData`, the TCP transport's own send); what it does not take, or a send that fails, goes the usual
         way, and so does everything on a connection that is closing or not plain TCP."""
+        if self._head:
+            data, self._head = self._head + data, b""
         transport: Any = self.transport
         if (
             data
