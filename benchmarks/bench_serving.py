@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "tests"))
 
-from servers import free_port, manage, start, stop, wait_ready  # noqa: E402  (the tests' server helpers)
+from servers import NotReady, free_port, manage, start, stop, wait_ready  # noqa: E402  (the tests' server helpers)
 
 from benchmarks.lean_stream import HTTPStatusError, IncompleteAnswer, post_lines  # noqa: E402
 from webapp.benchmark.measure import RequestResult  # noqa: E402
@@ -268,7 +269,15 @@ def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int
             command, env={**os.environ, "LD_LIBRARY_PATH": str(LLAMACPP / "lib")}, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        wait_ready(f"http://127.0.0.1:{port}", [process], [log], timeout=300)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", [process], [log], timeout=300)
+        except NotReady:
+            if process.returncode == -signal.SIGILL:
+                raise SystemExit(
+                    f"{binary} died of an illegal instruction: it was built for an instruction set this CPU lacks "
+                    "(the reference script builds with -DGGML_AVX512=ON; rebuild with -DGGML_AVX512=OFF here)"
+                ) from None
+            raise
         yield Target(f"http://127.0.0.1:{port}/v1", "none", process.pid)
     finally:
         stop([process])
