@@ -230,8 +230,8 @@ def q4_pack(codes: Tensor, scales: Tensor, minimums: Tensor) -> Tensor:
 
 
 def q8_fast() -> bool:
-    """Whether q8_mm and q6_mm run here: the kernels are loaded (AVX512-VNNI's VPDPBUSD, or AVX2's VPMADDWD on
-    codes widened to 16 bits)."""
+    """Whether q8_mm and q6_mm run here: the kernels are loaded (every instruction set has their exact paths:
+    AVX512-VNNI's VPDPBUSD on the bytes; with AVX2, VPMADDUBSW on each byte's nibbles and VPMADDWD on Q6_K's codes)."""
     return _loaded is not None
 
 

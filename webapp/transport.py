@@ -64,6 +64,7 @@ class HeaderLimitChannel(HTTPChannel):
 
     MAX_LENGTH = TRANSPORT_HEADER_BYTES
     totalHeadersSize = TRANSPORT_HEADER_BYTES
+    _head = b""  # a response's status line and headers, not sent yet (see `writeHeaders`)
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse()
@@ -73,8 +74,6 @@ class HeaderLimitChannel(HTTPChannel):
             self._refuse()
             return
         super().lineReceived(line)
-
-    _head = b""  # a response's status line and headers, not sent yet (see `writeHeaders`)
 
     def write(self, data: bytes) -> None:
         self._send(data)
