@@ -22,7 +22,7 @@
 // one unsigned byte per code, laid out [N/16, K/32, 576]: for each group of 32 inputs, 8 x 64 bytes of codes (for
 // input quad j, output n, byte b: code[k = 4 j + b]), then the 16 fp16 scales and 16 fp16 minimums. Its codes are
 // VPDPBUSD's bytes as they are (no nibbles to spread). With AVX2, VPMADDUBSW's 16-bit sums would saturate on 8-bit
-// codes: each byte is split into its nibbles, multiplied as q4's are, and the two sums joined in 32 bits (`tile`).
+// codes: each byte is split into its nibbles, multiplied as q4's are, and the two sums joined in 32 bits (byte_tile).
 //
 // q6_mm runs GGUF's Q6_K exactly: a scale per 16 weights, w = scale * c with signed codes c = q - 32. Its layout per
 // group of 32 inputs: the 8 x 64 bytes of codes (int8, as q8_mm's), 16 float32 scales of the first 16 inputs, 16 of
@@ -205,71 +205,27 @@ inline __m256i pair_sums(__m256i first, __m256i second) {
   return _mm256_permute4x64_epi64(_mm256_hadd_epi32(first, second), 0xD8);  // [o0 o1 o4 o5 | o2 o3 o6 o7] -> in order
 }
 
-// MT rows of x times one block of 16 outputs, a half block (8 outputs, h) at a time: `group(wg, qg, g, h, acc)` adds
-// group g of 32 inputs (its weights at wg, the rows' codes at qg) into the half block's MT float accumulators.
-template <int MT, int Bits, typename Group>
-inline void half_blocks(const uint8_t* w, int64_t G, const int8_t* q, float* out, int64_t ldo, Group group) {
+// MT rows of x times one block of 16 outputs of byte codes (q8_mm: w = code * scale + minimum), a half block (8 outputs)
+// at a time. VPMADDUBSW's 16-bit pair sums would saturate on 8-bit codes (2 x 255 x 127), so each byte is split into
+// its two nibbles, code = 16 hi + lo, multiplied as q4's nibbles are (a group's 8 pair sums stay below 30480 in 16
+// bits), and the two sums joined exactly in 32 bits: 16 x hi + lo.
+template <int MT>
+inline void byte_tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
+                      int64_t ldo) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int h = 0; h < 2; ++h) {
     __m256 acc[MT];
     for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) group(w + g * kGroupBytes<Bits>, q + g * kGroup, g, h, acc);
-    for (int m = 0; m < MT; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
-  }
-}
-
-// 32 bytes of codes split into their low and high nibbles.
-inline std::pair<__m256i, __m256i> nibbles(const uint8_t* codes) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-  return {_mm256_and_si256(bytes, low), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)};
-}
-
-// acc[m] += dot[m] (a group's exact integer sums for row m) scaled to w = code * scale + minimum, for codes of `Bits`
-// bits: the half block's fp16 scales and minimums, row m's activation scale d and d * sum of its codes s.
-template <int MT, int Bits>
-inline void add_scaled(__m256* acc, const __m256i* dot, const uint8_t* wg, int h, const float* d, const float* s,
-                       int64_t g, int64_t G) {
-  const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + kCodeBytes<Bits> + 16 * h)));
-  const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + kCodeBytes<Bits> + 32 + 16 * h)));
-  for (int m = 0; m < MT; ++m) {
-    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), _mm256_mul_ps(scale, _mm256_set1_ps(d[m * G + g])), acc[m]);
-    acc[m] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(s[m * G + g]), acc[m]);
-  }
-}
-
-// VPMADDUBSW sums pairs of code x activation products into 16 bits; for 4-bit codes a group's 8 of them stay below
-// 8 x 2 x 15 x 127 = 30480, so they are added in 16 bits and widened once per group. 8-bit codes would saturate
-// (2 x 255 x 127): each byte is split into its two nibbles, code = 16 hi + lo, multiplied as q4's nibbles are, and the
-// two sums joined exactly in 32 bits. Q6_K's signed codes and the activations are widened to 16 bits for VPMADDWD.
-template <int MT, int Bits>
-inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
-                 int64_t ldo) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (Bits == 4) {
-    half_blocks<MT, 4>(w, G, q, out, ldo, [&](const uint8_t* wg, const int8_t* qg, int64_t g, int h, __m256* acc) {
-      __m256i dot[MT];
-      for (int m = 0; m < MT; ++m) dot[m] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-      for (int qd = 0; qd < 4; ++qd) {
-        const auto [lo, hi] = nibbles(wg + 64 * qd + 32 * h);
-        for (int m = 0; m < MT; ++m) {
-          int32_t first, second;
-          std::memcpy(&first, qg + m * K + 8 * qd, 4);
-          std::memcpy(&second, qg + m * K + 8 * qd + 4, 4);
-          dot[m] = _mm256_add_epi16(dot[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(first)));
-          dot[m] = _mm256_add_epi16(dot[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(second)));
-        }
-      }
-      for (int m = 0; m < MT; ++m) dot[m] = _mm256_madd_epi16(dot[m], ones);
-      add_scaled<MT, 4>(acc, dot, wg, h, d, s, g, G);
-    });
-  } else if constexpr (Bits == 8) {
-    half_blocks<MT, 8>(w, G, q, out, ldo, [&](const uint8_t* wg, const int8_t* qg, int64_t g, int h, __m256* acc) {
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* wg = w + g * kGroupBytes<8>;
+      const int8_t* qg = q + g * kGroup;
       __m256i lo_dot[MT], hi_dot[MT];
       for (int m = 0; m < MT; ++m) lo_dot[m] = hi_dot[m] = _mm256_setzero_si256();
 #pragma GCC unroll 1
       for (int j = 0; j < 8; ++j) {
-        const auto [lo, hi] = nibbles(wg + 64 * j + 32 * h);
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 64 * j + 32 * h));
+        const __m256i lo = _mm256_and_si256(bytes, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         for (int m = 0; m < MT; ++m) {
           int32_t four;
           std::memcpy(&four, qg + m * K + 4 * j, 4);
@@ -278,13 +234,29 @@ inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, c
           hi_dot[m] = _mm256_add_epi16(hi_dot[m], _mm256_maddubs_epi16(hi, x));
         }
       }
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + kCodeBytes<8> + 16 * h)));
+      const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + kCodeBytes<8> + 32 + 16 * h)));
       for (int m = 0; m < MT; ++m) {
-        lo_dot[m] = _mm256_add_epi32(_mm256_madd_epi16(lo_dot[m], ones), _mm256_slli_epi32(_mm256_madd_epi16(hi_dot[m], ones), 4));
+        const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(lo_dot[m], ones), _mm256_slli_epi32(_mm256_madd_epi16(hi_dot[m], ones), 4));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(d[m * G + g])), acc[m]);
+        acc[m] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(s[m * G + g]), acc[m]);
       }
-      add_scaled<MT, 8>(acc, lo_dot, wg, h, d, s, g, G);
-    });
-  } else {
-    half_blocks<MT, 6>(w, G, q, out, ldo, [&](const uint8_t* wg, const int8_t* qg, int64_t g, int h, __m256* acc) {
+    }
+    for (int m = 0; m < MT; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
+  }
+}
+
+// MT rows of x times one block of 16 outputs of Q6_K (q6_mm: w = scale * code, signed codes, a float32 scale for each
+// half of the group's 32 inputs), a half block at a time: codes and activations widened to 16 bits for VPMADDWD,
+// exact in 32 bits.
+template <int MT>
+inline void six_tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, int64_t K, float* out, int64_t ldo) {
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MT];
+    for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* wg = w + g * kGroupBytes<6>;
+      const int8_t* qg = q + g * kGroup;
       __m256i first_four[2][MT], second_four[2][MT];  // per half of the inputs: pair sums of outputs 0-3, of 4-7
       for (int m = 0; m < MT; ++m) {
         first_four[0][m] = first_four[1][m] = second_four[0][m] = second_four[1][m] = _mm256_setzero_si256();
@@ -306,7 +278,56 @@ inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, c
         const __m256 hi = _mm256_cvtepi32_ps(pair_sums(first_four[1][m], second_four[1][m]));
         acc[m] = _mm256_fmadd_ps(_mm256_fmadd_ps(lo, scale_lo, _mm256_mul_ps(hi, scale_hi)), _mm256_set1_ps(d[m * G + g]), acc[m]);
       }
-    });
+    }
+    for (int m = 0; m < MT; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
+  }
+}
+
+// MT rows of x times one block of 16 outputs, a half block (8 outputs) at a time. VPMADDUBSW sums pairs of code x
+// activation products into 16 bits; a group's 8 of them stay below 8 x 2 x 15 x 127 = 30480, so they are added in 16
+// bits and widened once per group.
+template <int MT, int Bits>
+inline void tile(const uint8_t* w, int64_t G, const int8_t* q, const float* d, const float* s, int64_t K, float* out,
+                 int64_t ldo) {
+  if constexpr (Bits == 8) {
+    byte_tile<MT>(w, G, q, d, s, K, out, ldo);
+    return;
+  }
+  if constexpr (Bits == 6) {
+    six_tile<MT>(w, G, q, d, K, out, ldo);
+    return;
+  }
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MT];
+    for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* wg = w + g * kBlockBytes;
+      const int8_t* qg = q + g * kGroup;
+      __m256i dot[MT];
+      for (int m = 0; m < MT; ++m) dot[m] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int qd = 0; qd < 4; ++qd) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 64 * qd + 32 * h));
+        const __m256i lo = _mm256_and_si256(bytes, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int m = 0; m < MT; ++m) {
+          int32_t first, second;
+          std::memcpy(&first, qg + m * K + 8 * qd, 4);
+          std::memcpy(&second, qg + m * K + 8 * qd + 4, 4);
+          dot[m] = _mm256_add_epi16(dot[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(first)));
+          dot[m] = _mm256_add_epi16(dot[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(second)));
+        }
+      }
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 256 + 16 * h)));
+      const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 288 + 16 * h)));
+      for (int m = 0; m < MT; ++m) {
+        const __m256 products = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m], ones));
+        acc[m] = _mm256_fmadd_ps(products, _mm256_mul_ps(scale, _mm256_set1_ps(d[m * G + g])), acc[m]);
+        acc[m] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(s[m * G + g]), acc[m]);
+      }
+    }
+    for (int m = 0; m < MT; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
   }
 }
 
