@@ -31,7 +31,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from django.urls import set_script_prefix
 
 ASGIApp = Any
@@ -116,6 +116,21 @@ class KeyedApiHandler(ASGIHandler):
             with contextlib.suppress(asyncio.CancelledError, RequestAborted):
                 await task
         return None if responder.cancelled() else responder.result()
+
+    async def send_response(self, response: HttpResponseBase, send: Any) -> None:
+        """Django's `send_response`, less two generator layers on a stream: each part of an async streaming response
+        (bytes, an SSE event per streamed token) is sent as its iterator yields it. Django passes every part through
+        `__aiter__`, `streaming_content`'s wrapper and `chunk_bytes` on its way to the socket; a keyed request's streams
+        are the API's own SSE bytes, which need none of it. Anything else is Django's."""
+        if not (isinstance(response, StreamingHttpResponse) and response.is_async):
+            await super().send_response(response, send)
+            return
+        headers = [(name.encode("ascii"), value.encode("latin1")) for name, value in response.items()]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        async with contextlib.aclosing(response._iterator) as parts:  # closed as Django does: a client that leaves
+            async for part in parts:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body"})
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware: list[Any] = []

@@ -74,3 +74,39 @@ def test_the_api_thread_keeps_its_database_connection_from_one_request_to_the_ne
 
     first, second = run_async(two_requests())
     assert first is not None and first == second
+
+
+def test_a_keyed_stream_sends_each_part_as_it_comes_and_closes_its_iterator_when_the_client_leaves() -> None:
+    from django.http import StreamingHttpResponse
+
+    closed: list[bool] = []
+
+    async def parts() -> Any:
+        try:
+            yield b"data: 1\n\n"
+            yield b"data: 2\n\n"
+        finally:
+            closed.append(True)
+
+    async def stream(fail_at: int | None) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            if len(sent) == fail_at:
+                raise OSError("the client left")
+            sent.append(message)
+
+        response = StreamingHttpResponse(parts(), content_type="text/event-stream", headers={"X-Request-Id": "r"})
+        try:
+            await KeyedApiHandler().send_response(response, send)
+        except OSError:
+            pass
+        return sent
+
+    sent = run_async(stream(None))
+    assert sent[0]["type"] == "http.response.start" and (b"X-Request-Id", b"r") in sent[0]["headers"]
+    assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n", b"data: 2\n\n", None]
+    assert [m.get("more_body") for m in sent[1:]] == [True, True, None]  # the last message ends the body
+    assert closed == [True]
+    cut = run_async(stream(2))  # the second part's send fails: the iterator is closed at once, not left running
+    assert len(cut) == 2 and closed == [True, True]

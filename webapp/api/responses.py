@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from django.http import HttpResponse, JsonResponse
 
@@ -49,13 +49,35 @@ async def choice_events(turn: Turn, choices: list[Choice]) -> AsyncIterator[tupl
             yield choice, choice.feed(message.event)
 
 
-async def guarded_sse(turn: Turn, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+class ChunkWriter(Protocol):
+    """One API's SSE events for a streamed turn: before the first event, for each choice's piece, after the last."""
+
+    def start(self) -> list[bytes]: ...
+
+    def feed(self, choice: Choice, piece: Piece | None) -> list[bytes]: ...
+
+    def end(self) -> list[bytes]: ...
+
+
+async def guarded_sse(turn: Turn, choices: list[Choice], writer: ChunkWriter) -> AsyncIterator[bytes]:
     """An SSE stream that always ends: an error after the start becomes an error event, then [DONE]; a client that
-    leaves stops the model within one token; the turn is settled in every case."""
+    leaves stops the model within one token; the turn is settled in every case.
+
+    It reads the turn's events itself, and what one event releases goes out in one write (the first token's text
+    with the role chunk before it, not a write and a wake of the client later). Every streamed token passes here
+    while the upstream or the model computes the next one on the same cores: one generator between the turn and the
+    socket, not three (each layer's resumption, with cold caches between tokens, cost more than its work)."""
     try:
         try:
-            async for event in events:
-                yield event
+            if out := writer.start():
+                yield b"".join(out)
+            async for message in turn.messages():
+                if isinstance(message, client.ChoiceEvent):
+                    choice = choices[message.index]
+                    if out := writer.feed(choice, choice.feed(message.event)):
+                        yield b"".join(out)
+            if out := writer.end():
+                yield b"".join(out)
         except Exception as exc:
             yield sse(turn.fail(exc).body())
         yield sse("[DONE]")
@@ -79,6 +101,10 @@ class ChatChunks:
         self.created = int(time.time())
         self.started: set[int] = set()
         self.done: set[int] = set()
+
+    def start(self) -> list[bytes]:
+        """Nothing before the first event: each choice opens with its role chunk."""
+        return []
 
     def _opened(self, choice: Choice) -> list[bytes]:
         if choice.index in self.started:
@@ -117,44 +143,51 @@ class ChatChunks:
 
 def chat_stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> AsyncIterator[bytes]:
     """The chat SSE stream of a turn (`ChatChunks`), guarded to always end."""
-    chunks = ChatChunks(turn, bool(body.logprobs), body.include_usage, body.continuous_usage)
+    return guarded_sse(turn, choices, ChatChunks(turn, bool(body.logprobs), body.include_usage, body.continuous_usage))
 
-    async def events() -> AsyncIterator[bytes]:
-        # What one event releases goes out in one write: the first token's text goes with the role chunk before it,
-        # not a write (and a wake of the client) later.
-        async for choice, piece in choice_events(turn, choices):
-            if out := chunks.feed(choice, piece):
-                yield b"".join(out)
-        if out := chunks.end():
-            yield b"".join(out)
 
-    return guarded_sse(turn, events())
+class TextChunks:
+    """Legacy text completion chunks: the echoed prompt first when asked, each choice's text, its finish chunk, the
+    usage chunk last when asked for."""
+
+    def __init__(self, turn: Turn, body: CompletionRequest, choices: list[Choice], echo: str) -> None:
+        self.turn = turn
+        self.body = body
+        self.choices = choices
+        self.echo = echo
+        self.created = int(time.time())
+        self.done: set[int] = set()
+
+    def start(self) -> list[bytes]:
+        if not self.echo:
+            return []
+        piece = Piece(self.echo, [])
+        return [sse(text_chunk(self.turn, self.created, c, piece, self.body.logprobs)) for c in self.choices]
+
+    def feed(self, choice: Choice, piece: Piece | None) -> list[bytes]:
+        turn, created, logprobs, out = self.turn, self.created, self.body.logprobs, []
+        if piece is not None and (piece.text or piece.logprobs):
+            out.append(sse(text_chunk(turn, created, choice, piece, logprobs)))
+        if choice.finished is not None and choice.index not in self.done:
+            self.done.add(choice.index)
+            out.append(sse(text_chunk(turn, created, choice, Piece("", []), logprobs, choice.finish_reason)))
+        return out
+
+    def end(self) -> list[bytes]:
+        if not self.body.include_usage:
+            return []
+        turn = self.turn
+        usage = {
+            "id": turn.request_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": turn.ctx.route.id if turn.ctx.route else "",
+            "choices": [],
+            "usage": turn.usage.as_openai(),
+        }
+        return [sse(usage)]
 
 
 def text_stream(turn: Turn, body: CompletionRequest, choices: list[Choice], echo: str) -> AsyncIterator[bytes]:
-    created = int(time.time())
-
-    async def events() -> AsyncIterator[bytes]:
-        if echo:
-            for choice in choices:
-                yield sse(text_chunk(turn, created, choice, Piece(echo, []), body.logprobs))
-        async for choice, piece in choice_events(turn, choices):
-            if piece is not None and (piece.text or piece.logprobs):
-                yield sse(text_chunk(turn, created, choice, piece, body.logprobs))
-            if choice.finished is not None and choice.index not in done:
-                done.add(choice.index)
-                yield sse(text_chunk(turn, created, choice, Piece("", []), body.logprobs, choice.finish_reason))
-        if body.include_usage:
-            yield sse(
-                {
-                    "id": turn.request_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": turn.ctx.route.id if turn.ctx.route else "",
-                    "choices": [],
-                    "usage": turn.usage.as_openai(),
-                }
-            )
-
-    done: set[int] = set()
-    return guarded_sse(turn, events())
+    """The legacy completions SSE stream of a turn (`TextChunks`), guarded to always end."""
+    return guarded_sse(turn, choices, TextChunks(turn, body, choices, echo))
