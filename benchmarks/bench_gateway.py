@@ -16,8 +16,9 @@ At one stream, requests go one at a time, cycling through the targets (the order
 always follows another); at N streams, each round runs N concurrent streams against one target, the targets taking
 turns. Every request has its own prompt (so llama-server's prompt cache helps none), greedy, `ignore_eos`, exactly
 `--max-tokens` tokens. The client is `benchmarks.lean_stream` (the same for every target), on the same two cores.
-Prints TTFT and ITL p50 and aggregate tokens/s per target and level, what the gateway adds, and the issue's bars:
-at one stream at most +2 ms TTFT p50 and +0.3 ms ITL p50; at 8 streams at most 5 % less throughput.
+Prints TTFT and ITL p50, aggregate tokens/s and each proxy's CPU time per output token (from /proc) per target and
+level, what the gateway adds, and the issue's bars: at one stream at most +2 ms TTFT p50 and +0.3 ms ITL p50; at 8
+streams at most 5 % less throughput.
 """
 
 from __future__ import annotations
@@ -151,6 +152,29 @@ class Prompts:
         return f"{self.n % 10}{self.n:04d}: write a long, detailed story about {TOPICS[round_ % len(TOPICS)]}."
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process and every process under it, from /proc (LiteLLM's proxy runs its
+    server in a child process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
 def _p50(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -187,7 +211,9 @@ async def many_streams(
     return out
 
 
-def row(results: list[RequestResult], seconds: float | None = None) -> dict[str, float]:
+def row(results: list[RequestResult], seconds: float = 0.0, cpu: float | None = None) -> dict[str, float]:
+    """p50s, errors, aggregate tokens/s (over `seconds`, when given) and a proxy's CPU time per output token (`cpu`:
+    the seconds its processes used meanwhile)."""
     ttfts = [r.ttft for r in results if r.ttft is not None]
     gaps = [g for r in results for g in r.itls()]
     tokens = sum(r.output_tokens for r in results)
@@ -199,6 +225,8 @@ def row(results: list[RequestResult], seconds: float | None = None) -> dict[str,
     }
     if seconds:
         out["tok_s"] = tokens / seconds
+    if cpu is not None:
+        out["cpu_us_per_token"] = cpu / max(tokens, 1) * 1e6
     return out
 
 
@@ -246,14 +274,22 @@ def main() -> None:
                 prompts = Prompts()
                 asyncio.run(one_stream(targets, 3, 8, prompts))  # warm-up: connections, caches; not counted
                 for level in levels:
+                    before = {name: cpu_seconds(target.pid) for name, (target, _) in targets.items()}
                     if level == 1:
                         found = asyncio.run(one_stream(targets, args.requests, args.max_tokens, prompts))
-                        rows = {name: row(results) for name, results in found.items()}
-                        for name in rows.keys() - {"llama-server"}:
-                            rows[name] |= paired(found[name], found["llama-server"])
+                        timed = {name: (results, 0.0) for name, results in found.items()}
                     else:
                         timed = asyncio.run(many_streams(targets, level, args.rounds, args.max_tokens, prompts))
-                        rows = {name: row(results, seconds) for name, (results, seconds) in timed.items()}
+                    # one target streams at a time and a proxy is idle meanwhile: its CPU time is its own requests' work
+                    # (llama-server's is every target's)
+                    used: dict[str, float | None] = {
+                        name: cpu_seconds(target.pid) - before[name] for name, (target, _) in targets.items()
+                    }
+                    used["llama-server"] = None
+                    rows = {name: row(results, seconds, used[name]) for name, (results, seconds) in timed.items()}
+                    if level == 1:
+                        for name in rows.keys() - {"llama-server"}:
+                            rows[name] |= paired(found[name], found["llama-server"])
                     table[str(level)] = rows
                     for name, r in rows.items():
                         print(
@@ -269,13 +305,17 @@ def report(table: dict[str, dict[str, dict[str, float]]], model_path: str, max_t
     print(
         f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); client on the same machine"
     )
-    print(f"{'streams':>8} {'target':<14}{'requests':>9}{'errors':>7}{'TTFT p50':>11}{'ITL p50':>10}{'tok/s':>9}")
+    print(
+        f"{'streams':>8} {'target':<14}{'requests':>9}{'errors':>7}{'TTFT p50':>11}{'ITL p50':>10}{'tok/s':>9}"
+        f"{'CPU/token':>11}"
+    )
     for level, rows in table.items():
         for name, r in rows.items():
             tok_s = f"{r['tok_s']:9.1f}" if "tok_s" in r else f"{'':>9}"
+            cpu = f"{r['cpu_us_per_token']:9.0f}us" if "cpu_us_per_token" in r else ""
             print(
                 f"{level:>8} {name:<14}{r['requests']:>9}{r['errors']:>7}{r['ttft_p50_ms']:>9.2f}ms"
-                f"{r['itl_p50_ms']:>8.3f}ms{tok_s}"
+                f"{r['itl_p50_ms']:>8.3f}ms{tok_s}{cpu}"
             )
     for proxy in ("roundtrip", "baseline", "litellm"):
         added = []
