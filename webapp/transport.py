@@ -185,7 +185,7 @@ def close_oversized_sockets_cleanly(ws_factory: Any) -> None:
 
 
 def install() -> None:
-    """Make Daphne's HTTP factory build `HeaderLimitChannel`s, and leave form bodies to the application (before
-    `Server.run`)."""
+    """Make Daphne's HTTP factory build `HeaderLimitChannel`s and `AppRequest`s: form bodies left to the application,
+    a stream's chunks sent the short way (before `Server.run`)."""
     HTTPFactory.protocol = _channel
     http_protocol.WebRequest = AppRequest  # what HTTPFactory.buildProtocol builds
