@@ -141,37 +141,12 @@ class HeaderLimitChannel(HTTPChannel):
         self.loseConnection()
 
 
-class AppRequest(WebRequest):
-    """Daphne's request, without Twisted's own parse of form bodies, and with a short way out for a stream's chunks.
-
-    Each part of a streamed body (an SSE event per token) went through Daphne's checks of the message, its debug log
-    call and Twisted's `Request.write`, which frames the chunk in three pieces for `writeSequence` behind attribute
-    lookups through Twisted's deprecated-module proxies: more code run per token, with cold caches, while the model
-    server computes the next one on the same cores. Once a chunked response has started, a part that is neither the
-    first nor the last is framed here in one piece and sent (`HeaderLimitChannel.write`); everything else is
-    Daphne's and Twisted's."""
+class FormsLeftToTheApplication(WebRequest):
+    """Daphne's request, without Twisted's own parse of form bodies."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._parsePOSTFormSubmission = False
-
-    def handle_reply(self, message: dict[str, Any]) -> None:
-        body = message.get("body")
-        if (
-            body
-            and message.get("more_body")
-            and message.get("type") == "http.response.body"
-            and self.chunked
-            and self.startedWriting
-            and not self.finished
-            and not self._disconnected
-            and self.channel is not None
-            and self.method != b"HEAD"
-        ):
-            self.sentLength += len(body)
-            self.channel.write(b"%x\r\n%s\r\n" % (len(body), body))
-            return
-        super().handle_reply(message)
 
 
 def _channel(factory: Any) -> _GenericHTTPChannelProtocol:
@@ -185,7 +160,7 @@ def close_oversized_sockets_cleanly(ws_factory: Any) -> None:
 
 
 def install() -> None:
-    """Make Daphne's HTTP factory build `HeaderLimitChannel`s and `AppRequest`s: form bodies left to the application,
-    a stream's chunks sent the short way (before `Server.run`)."""
+    """Make Daphne's HTTP factory build `HeaderLimitChannel`s, and leave form bodies to the application (before
+    `Server.run`)."""
     HTTPFactory.protocol = _channel
-    http_protocol.WebRequest = AppRequest  # what HTTPFactory.buildProtocol builds
+    http_protocol.WebRequest = FormsLeftToTheApplication  # what HTTPFactory.buildProtocol builds
