@@ -21,7 +21,7 @@ class SseReplay:
         self.events: list[bytes] = []
 
     def feed(self, event: wire.TraceEvent) -> None:
-        self.events += self.chunks.feed(self.choice, self.choice.feed(event))
+        self.events += self.chunks.pieces(self.choice, self.choice.feed(event))
 
     def body(self) -> str:
         """The whole stream as text, ending in the usage chunk and `data: [DONE]`."""

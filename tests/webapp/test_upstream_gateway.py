@@ -177,6 +177,48 @@ def test_a_stream_through_the_gateway_is_the_upstreams_own(fleet: Fleet) -> None
     assert row["ttft_ms"] is not None
 
 
+def _chunks(server: Deployment, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
+    """(request id, every streamed chunk, whether [DONE] ended the stream)."""
+    headers = {"Authorization": f"Bearer {server.key}"}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60) as response:
+        lines = list(response.iter_lines())
+        request_id = response.headers["x-request-id"]
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    return request_id, chunks, lines[-2:] == ["data: [DONE]", ""] or lines[-1:] == ["data: [DONE]"]
+
+
+def _content(chunks: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """The streamed text, and the tokens its log-probabilities name."""
+    text, tokens = [], []
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            text.append(choice["delta"].get("content") or "")
+            tokens += [entry["token"] for entry in (choice.get("logprobs") or {}).get("content") or []]
+    return "".join(text), tokens
+
+
+def test_a_streamed_chat_answer_is_the_upstreams_chunks_under_the_gateways_envelope(fleet: Fleet) -> None:
+    asked = "name three rivers"
+    body = _chat("solo", asked, max_tokens=12, logprobs=True, top_logprobs=2)
+    del body["stream_options"]  # no usage chunk asked for
+    _, direct, _ = _chunks(fleet.a, body | {"model": "tiny"})
+    request_id, through, done = _chunks(fleet.gateway, body)
+    assert done
+    assert _content(through) == _content(direct) and _content(through)[1]
+    assert {(c["id"], c["model"], c["object"]) for c in through} == {(request_id, "solo", "chat.completion.chunk")}
+    assert all(
+        set(c) <= {"id", "object", "created", "model", "system_fingerprint", "choices", "roundtrip_timings"}
+        for c in through
+    )  # the upstream's own extras stay behind
+    assert all(c["choices"] for c in through)  # no usage chunk: the client did not ask for one
+    *tokens, last = through
+    assert all(choice["finish_reason"] is None for c in tokens for choice in c["choices"])
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["roundtrip_timings"]["upstream"] == fleet.upstream_name("solo", fleet.a)
+    (row,) = _rows(fleet.gateway.db, request_id)
+    assert (row["status"], row["completion_tokens"]) == (200, 12)
+
+
 def test_whole_answers_and_text_completions_are_the_upstreams_own(fleet: Fleet) -> None:
     headers_a = {"Authorization": f"Bearer {fleet.a.key}"}
     headers_g = {"Authorization": f"Bearer {fleet.gateway.key}"}

@@ -7,8 +7,9 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import msgspec
 from django.http import HttpResponse, JsonResponse
 
 from webapp.api.completions import Choice, Piece, chunk, sse, text_chunk, timings
@@ -17,6 +18,10 @@ from webapp.gateway import client
 from webapp.gateway.errors import GatewayError
 from webapp.gateway.gateway import RequestContext
 from webapp.gateway.lifecycle import Turn
+from webapp.worker import wire
+
+Item = TypeVar("Item")
+Fed = TypeVar("Fed", contravariant=True)
 
 
 def error_response(exc: GatewayError, ctx: RequestContext | None = None) -> JsonResponse:
@@ -49,33 +54,33 @@ async def choice_events(turn: Turn, choices: list[Choice]) -> AsyncIterator[tupl
             yield choice, choice.feed(message.event)
 
 
-class ChunkWriter(Protocol):
-    """One API's SSE events for a streamed turn: before the first event, for each choice's piece, after the last."""
+class ChunkWriter(Protocol[Fed]):
+    """One API's SSE events for a streamed turn: before the first item, for each item of the turn's stream, after the
+    last."""
 
     def start(self) -> list[bytes]: ...
 
-    def feed(self, choice: Choice, piece: Piece | None) -> list[bytes]: ...
+    def feed(self, item: Fed) -> list[bytes]: ...
 
     def end(self) -> list[bytes]: ...
 
 
-async def guarded_sse(turn: Turn, choices: list[Choice], writer: ChunkWriter) -> AsyncIterator[bytes]:
+async def guarded_sse(turn: Turn, items: AsyncIterator[Item], writer: ChunkWriter[Item]) -> AsyncIterator[bytes]:
     """An SSE stream that always ends: an error after the start becomes an error event, then [DONE]; a client that
     leaves stops the model within one token; the turn is settled in every case.
 
-    It reads the turn's events itself, and what one event releases goes out in one write (the first token's text
-    with the role chunk before it, not a write and a wake of the client later). Every streamed token passes here
-    while the upstream or the model computes the next one on the same cores: one generator between the turn and the
-    socket, not three (each layer's resumption, with cold caches between tokens, cost more than its work)."""
+    `items` is the turn's stream (its events, or an upstream's chunks relayed), which `writer` makes into the API's
+    events; what one item releases goes out in one write (the first token's text with the role chunk before it, not a
+    write and a wake of the client later). Every streamed token passes here while the upstream or the model computes
+    the next one on the same cores: one generator between the turn and the socket, not three (each layer's
+    resumption, with cold caches between tokens, cost more than its work)."""
     try:
         try:
             if out := writer.start():
                 yield b"".join(out)
-            async for message in turn.messages():
-                if isinstance(message, client.ChoiceEvent):
-                    choice = choices[message.index]
-                    if out := writer.feed(choice, choice.feed(message.event)):
-                        yield b"".join(out)
+            async for item in items:
+                if out := writer.feed(item):
+                    yield b"".join(out)
             if out := writer.end():
                 yield b"".join(out)
         except Exception as exc:
@@ -88,12 +93,37 @@ async def guarded_sse(turn: Turn, choices: list[Choice], writer: ChunkWriter) ->
         await turn.settle()
 
 
-class ChatChunks:
+class EventChunks:
+    """A writer of the turn's trace events: each choice's events through its `Choice`, whose pieces `pieces` makes
+    into the API's events."""
+
+    def __init__(self, choices: list[Choice]) -> None:
+        self.choices = choices
+
+    def feed(self, item: wire.Waiting | client.ChoiceEvent) -> list[bytes]:
+        if not isinstance(item, client.ChoiceEvent):
+            return []
+        choice = self.choices[item.index]
+        return self.pieces(choice, choice.feed(item.event))
+
+    def pieces(self, choice: Choice, piece: Piece | None) -> list[bytes]:
+        raise NotImplementedError
+
+
+class ChatChunks(EventChunks):
     """Chat chunks exactly as OpenAI's clients read them, one choice's piece at a time: per choice, the role chunk with
     its first output, content and tool_calls deltas, then its finish chunk; the usage chunk last when asked for. The
     API streams them; the page replays a turn's events through the same chunker to show what a client received."""
 
-    def __init__(self, turn: Turn, logprobs: bool, include_usage: bool, continuous_usage: bool = False) -> None:
+    def __init__(
+        self,
+        turn: Turn,
+        logprobs: bool,
+        include_usage: bool,
+        continuous_usage: bool = False,
+        choices: list[Choice] | None = None,
+    ) -> None:
+        super().__init__(choices or [])
         self.turn = turn
         self.logprobs = logprobs
         self.include_usage = include_usage
@@ -114,7 +144,7 @@ class ChatChunks:
         logprobs: list[dict[str, Any]] | None = [] if self.logprobs else None
         return [sse(chunk(self.turn, self.created, delta, logprobs=logprobs, index=choice.index))]
 
-    def feed(self, choice: Choice, piece: Piece | None) -> list[bytes]:
+    def pieces(self, choice: Choice, piece: Piece | None) -> list[bytes]:
         """The events for what one choice has to send now (`Choice.feed`'s piece, None when nothing)."""
         turn, created, out = self.turn, self.created, []
         if piece is not None:
@@ -141,19 +171,85 @@ class ChatChunks:
         return [sse(chunk(self.turn, self.created, {}) | {"choices": [], "usage": self.turn.usage.as_openai()})]
 
 
+class RelayedChatChunks:
+    """An upstream's chat chunks as it sent them, under this gateway's envelope: its id, created time, model id and
+    fingerprint, with only `choices` kept of the upstream's fields (its own extras, such as llama-server's `timings`,
+    stay behind). Each choice's finish is held to the end, where it goes with `roundtrip_timings` as `ChatChunks`
+    writes it (the upstream's usage comes after its finish), and the usage chunk is this turn's, when asked for."""
+
+    def __init__(self, turn: Turn, include_usage: bool) -> None:
+        self.turn = turn
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self.held: dict[int, str] = {}  # each choice's finish reason (its first), for the end
+        self._head = b""  # the envelope's bytes up to its choices, once the turn's fingerprint is known
+
+    def start(self) -> list[bytes]:
+        return []
+
+    def feed(self, item: dict[str, Any]) -> list[bytes]:
+        """The chunk's choices, those that carry more than their finish, at once: one event."""
+        choices = item.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return []  # the upstream's usage chunk: this turn's own goes at the end
+        sent = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            reason = choice.get("finish_reason")
+            if not reason:
+                sent.append(choice)
+                continue
+            self.held.setdefault(choice.get("index") or 0, reason)
+            if _carries_output(choice):  # the last token and the finish in one chunk: the token now, the finish later
+                sent.append(choice | {"finish_reason": None})
+        if not sent:
+            return []
+        return [b"".join((self._envelope_head(), msgspec.json.encode(sent), b"}\n\n"))]
+
+    def end(self) -> list[bytes]:
+        turn, created = self.turn, self.created
+        out = [
+            sse(chunk(turn, created, {}, reason, index=index, roundtrip_timings=timings(turn)))
+            for index, reason in self.held.items()
+        ]
+        if self.include_usage:
+            out.append(sse(chunk(turn, created, {}) | {"choices": [], "usage": turn.usage.as_openai()}))
+        return out
+
+    def _envelope_head(self) -> bytes:
+        """`data: {"id": ..., "choices":` as `chunk` writes it, encoded once a turn."""
+        if not self._head:
+            envelope = {k: v for k, v in chunk(self.turn, self.created, {}).items() if k != "choices"}
+            self._head = b"data: " + msgspec.json.encode(envelope)[:-1] + b',"choices":'
+        return self._head
+
+
+def _carries_output(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")):
+        return True
+    logprobs = choice.get("logprobs")
+    return bool(choice.get("text")) or (isinstance(logprobs, dict) and bool(logprobs.get("content")))
+
+
 def chat_stream(turn: Turn, body: ChatCompletionRequest, choices: list[Choice]) -> AsyncIterator[bytes]:
-    """The chat SSE stream of a turn (`ChatChunks`), guarded to always end."""
-    return guarded_sse(turn, choices, ChatChunks(turn, bool(body.logprobs), body.include_usage, body.continuous_usage))
+    """The chat SSE stream of a turn, guarded to always end: an upstream's chunks relayed as they came when the turn
+    allows it (`Turn.relayable`) and the client asked nothing the gateway adds to each chunk; else `ChatChunks`."""
+    if turn.relayable and not body.continuous_usage:
+        return guarded_sse(turn, turn.relayed(), RelayedChatChunks(turn, body.include_usage))
+    writer = ChatChunks(turn, bool(body.logprobs), body.include_usage, body.continuous_usage, choices)
+    return guarded_sse(turn, turn.messages(), writer)
 
 
-class TextChunks:
+class TextChunks(EventChunks):
     """Legacy text completion chunks: the echoed prompt first when asked, each choice's text, its finish chunk, the
     usage chunk last when asked for."""
 
     def __init__(self, turn: Turn, body: CompletionRequest, choices: list[Choice], echo: str) -> None:
+        super().__init__(choices)
         self.turn = turn
         self.body = body
-        self.choices = choices
         self.echo = echo
         self.created = int(time.time())
         self.done: set[int] = set()
@@ -164,7 +260,7 @@ class TextChunks:
         piece = Piece(self.echo, [])
         return [sse(text_chunk(self.turn, self.created, c, piece, self.body.logprobs)) for c in self.choices]
 
-    def feed(self, choice: Choice, piece: Piece | None) -> list[bytes]:
+    def pieces(self, choice: Choice, piece: Piece | None) -> list[bytes]:
         turn, created, logprobs, out = self.turn, self.created, self.body.logprobs, []
         if piece is not None and (piece.text or piece.logprobs):
             out.append(sse(text_chunk(turn, created, choice, piece, logprobs)))
@@ -190,4 +286,4 @@ class TextChunks:
 
 def text_stream(turn: Turn, body: CompletionRequest, choices: list[Choice], echo: str) -> AsyncIterator[bytes]:
     """The legacy completions SSE stream of a turn (`TextChunks`), guarded to always end."""
-    return guarded_sse(turn, choices, TextChunks(turn, body, choices, echo))
+    return guarded_sse(turn, turn.messages(), TextChunks(turn, body, choices, echo))

@@ -251,6 +251,29 @@ class Turn:
         if self.generation.cancelled:
             self.status, self.error_code = 499, "cancelled"
 
+    @property
+    def relayable(self) -> bool:
+        """Whether the upstream's chunks may go to the client as they came (`relayed`): an upstream model's turn whose
+        trace nobody asked for. An observer that wants a turn's events asks for its trace as it starts
+        (`trace_at_least`), so such a turn has none for it."""
+        return isinstance(self.generation, upstream.UpstreamGeneration) and self.level == "off"
+
+    async def relayed(self) -> AsyncIterator[dict[str, Any]]:
+        """A relayable turn's upstream chunks, as they came, counted for the usage row as `messages` counts events."""
+        generation = self.generation
+        assert isinstance(generation, upstream.UpstreamGeneration) and self.relayable, "only a relayable turn"
+        choices = generation.reader.choices
+        async for chunk in generation.relayed():
+            for index, choice in choices.items():
+                self.usage.sampled[index] = choice.tokens
+            if self.usage.first_token_at is None and generation.clock.first_token is not None:
+                self.usage.first_token_at = time.perf_counter()
+            yield chunk
+        for index, finished in sorted(generation.finished_choices.items()):
+            self.usage.count(index, finished)
+        if generation.cancelled:
+            self.status, self.error_code = 499, "cancelled"
+
     def fail(self, exc: BaseException) -> GatewayError:
         """The turn ends in an error: which one to show. A client that left is 499; anything unexpected is logged
         here and shown as a plain 500, without the exception's text."""

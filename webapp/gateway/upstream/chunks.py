@@ -42,13 +42,14 @@ class ChunkReader:
 
     def read(self, chunk: dict[str, Any], t: float) -> list[Event]:
         """The events one chunk carries."""
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
         events: list[Event] = []
-        for choice in chunk.get("choices") or ():
-            if isinstance(choice, dict):
-                events += self._choice(choice, t)
+        self._chunk(chunk, t, events)
         return events
+
+    def note(self, chunk: dict[str, Any], t: float) -> int:
+        """What `read` keeps of one chunk (each choice's tokens, text and finish, the usage), without its events, for
+        a stream relayed as it came (`UpstreamGeneration.relayed`): how many tokens it carried."""
+        return self._chunk(chunk, t, None)
 
     @property
     def finished_all(self) -> bool:
@@ -60,44 +61,50 @@ class ChunkReader:
         """Every choice has its finish reason and the usage has come: nothing more is needed from the stream."""
         return self.finished_all and self.usage is not None
 
-    def _choice(self, choice: dict[str, Any], t: float) -> list[Event]:
+    def _chunk(self, chunk: dict[str, Any], t: float, events: list[Event] | None) -> int:
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        tokens = 0
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict):
+                tokens += self._choice(choice, t, events)
+        return tokens
+
+    def _choice(self, choice: dict[str, Any], t: float, events: list[Event] | None) -> int:
+        """One choice's part of a chunk: its state brought up to date and, when `events` is a list, its events added;
+        the number of tokens it carried."""
         index = int(choice.get("index") or 0)
         state = self.choices.setdefault(index, ChoiceState())
         delta = choice.get("delta")
         text = (delta or {}).get("content") if isinstance(delta, dict) else choice.get("text")
-        events: list[Event] = []
-        if isinstance(delta, dict):
-            self._calls(state, delta.get("tool_calls"))
+        tokens = 0
+        if events is not None and isinstance(delta, dict):
+            self._calls(state, delta.get("tool_calls"))  # relayed, tool call deltas reach the client as they came
         if isinstance(text, str) and text:
+            entries = _logprob_entries(choice)
+            tokens = len(entries) or 1  # no log-probabilities: the chunk is one token as far as the wire shows
             first = state.tokens + 1  # steps count from 1, as the engine's do
-            sampled = [_sampled(entry, first + i, t) for i, entry in enumerate(_logprob_entries(choice))]
-            if not sampled:  # no log-probabilities: the chunk is one token as far as the wire shows
-                sampled = [_sampled({"token": text, "logprob": 0.0}, first, t)]
-            state.tokens += len(sampled)
-            state.token_times += [t - self.sent] * len(sampled)
+            state.tokens += tokens
+            state.token_times += [t - self.sent] * tokens
             state.text.append(text)
-            last = sampled[-1]
-            events += [(index, s) for s in sampled]
-            events.append(
-                (
-                    index,
-                    wire.TextDelta(
-                        t=t,
-                        step=last.step,
-                        token_id=last.token_id,
-                        token=last.token,
-                        text=text,
-                        pending_bytes=[],
-                        held_text="",
-                    ),
-                )
-            )
+            if events is not None:
+                events += self._text_events(index, entries or [{"token": text, "logprob": 0.0}], first, text, t)
         if choice.get("finish_reason") and state.finish_reason is None:
             state.finish_reason = str(choice["finish_reason"])
             self.ended += 1
-            if state.calls:
+            if state.calls and events is not None:
                 events.append((index, _calls_text(state, t)))
-        return events
+        return tokens
+
+    @staticmethod
+    def _text_events(index: int, entries: list[dict[str, Any]], first: int, text: str, t: float) -> list[Event]:
+        """A Sampled event per token, then the chunk's text."""
+        sampled = [_sampled(entry, first + i, t) for i, entry in enumerate(entries)]
+        last = sampled[-1]
+        delta = wire.TextDelta(
+            t=t, step=last.step, token_id=last.token_id, token=last.token, text=text, pending_bytes=[], held_text=""
+        )
+        return [*((index, s) for s in sampled), (index, delta)]
 
     @staticmethod
     def _calls(state: ChoiceState, deltas: Any) -> None:

@@ -13,8 +13,9 @@ leaves closes the upstream connection, which stops the upstream's generation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,10 +199,7 @@ class UpstreamGeneration:
 
     async def messages(self) -> AsyncIterator[wire.Waiting | ChoiceEvent]:
         """Each choice's trace events as the upstream's chunks come; GatewayError when the stream breaks."""
-        upstream = self.upstream
-        assert upstream is not None, "start first"
-        outcome = "cancelled"
-        try:
+        with self._streaming() as upstream:
             if self.tokenized is not None:
                 yield ChoiceEvent(0, self.tokenized)
             chunk, self._first = self._first, None
@@ -214,14 +212,47 @@ class UpstreamGeneration:
                 self.clock.chunks += 1
                 self.clock.chunk_seconds += time.perf_counter() - arrived
                 chunk = await self._next_after(self.reader.done)
-            if not self.reader.finished_all:
-                raise connection.broken(upstream, "the stream ended before the answer did")
-            for index, event in self.reader.finish(time.perf_counter()):
-                assert isinstance(event, wire.Finished)
-                self.finished_choices[index] = event
-                if len(self.finished_choices) == self.n:
-                    self.finished = self.finished_choices.get(0, event)
+            for index, event in self._finish(upstream):
                 yield ChoiceEvent(index, event)
+
+    async def relayed(self) -> AsyncIterator[dict[str, Any]]:
+        """The upstream's chunks as it sent them, for a client that asked the same API and a turn nobody watches
+        (`Turn.relayable`): the same clocks, counts and end as `messages`, without a trace event per token. Every
+        token passes here while the upstream computes the next one on the same cores; the events, the choices and the
+        chunks rebuilt from them cost a fifth of the gateway's CPU time per token (benchmarks/bench_gateway.py)."""
+        with self._streaming() as upstream:
+            chunk, self._first = self._first, None
+            while chunk is not None:
+                arrived = time.perf_counter()
+                if self.reader.note(chunk, arrived) and self._tokens_seen(arrived):
+                    metrics.upstream_ttft.labels(upstream.name).observe(arrived - self.clock.sent)
+                yield chunk
+                self.clock.chunks += 1
+                self.clock.chunk_seconds += time.perf_counter() - arrived
+                chunk = await self._next_after(self.reader.done)
+            self._finish(upstream)
+
+    def _finish(self, upstream: Upstream) -> list[tuple[int, wire.Finished]]:
+        """Each choice's Finished event, once the stream has ended; GatewayError when it ended before the answer."""
+        if not self.reader.finished_all:
+            raise connection.broken(upstream, "the stream ended before the answer did")
+        out = []
+        for index, event in self.reader.finish(time.perf_counter()):
+            assert isinstance(event, wire.Finished)
+            self.finished_choices[index] = event
+            out.append((index, event))
+        self.finished = self.finished_choices.get(0, out[-1][1] if out else None)
+        return out
+
+    @contextlib.contextmanager
+    def _streaming(self) -> Iterator[Upstream]:
+        """Around reading the stream: the upstream marked failed when it breaks, its request counted by outcome, the
+        gateway's clocks observed, the connection given back or closed."""
+        upstream = self.upstream
+        assert upstream is not None, "start first"
+        outcome = "cancelled"
+        try:
+            yield upstream
             outcome = "ok"
         except GatewayError as exc:
             outcome = "error"
