@@ -70,3 +70,14 @@ def test_the_usage_chunk_is_the_turns_own_and_only_when_asked_for() -> None:
     turn, events = _stream(include_usage=True)
     assert events[-1]["choices"] == [] and events[-1]["usage"] == turn.usage.as_openai()
     assert events[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_the_role_chunk_leaves_with_the_first_text_in_one_write() -> None:
+    writer = RelayedChatChunks(_turn(), include_usage=False)
+    assert writer.feed(_upstream([{"index": 0, "delta": {"role": "assistant", "content": None}}])) == []
+    first = writer.feed(_upstream([{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]))
+    assert [e["choices"][0]["delta"] for e in _events(first)] == [
+        {"role": "assistant", "content": None},
+        {"content": "Hel"},
+    ]
+    assert len(writer.feed(_upstream([{"index": 0, "delta": {"content": "lo"}, "finish_reason": None}]))) == 1

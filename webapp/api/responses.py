@@ -174,8 +174,9 @@ class ChatChunks(EventChunks):
 class RelayedChatChunks:
     """An upstream's chat chunks as it sent them, under this gateway's envelope: its id, created time, model id and
     fingerprint, with only `choices` kept of the upstream's fields (its own extras, such as llama-server's `timings`,
-    stay behind). Each choice's finish is held to the end, where it goes with `roundtrip_timings` as `ChatChunks`
-    writes it (the upstream's usage comes after its finish), and the usage chunk is this turn's, when asked for."""
+    stay behind). A role chunk waits for the first output, to leave with it in one write; each choice's finish is held
+    to the end, where it goes with `roundtrip_timings` as `ChatChunks` writes it (the upstream's usage comes after its
+    finish); the usage chunk is this turn's, when asked for."""
 
     def __init__(self, turn: Turn, include_usage: bool) -> None:
         self.turn = turn
@@ -183,6 +184,7 @@ class RelayedChatChunks:
         self.created = int(time.time())
         self.held: dict[int, str] = {}  # each choice's finish reason (its first), for the end
         self._head = b""  # the envelope's bytes up to its choices, once the turn's fingerprint is known
+        self._before_output: list[bytes] | None = []  # events before the first output (the role chunk); None after
 
     def start(self) -> list[bytes]:
         return []
@@ -205,13 +207,23 @@ class RelayedChatChunks:
                 sent.append(choice | {"finish_reason": None})
         if not sent:
             return []
-        return [b"".join((self._envelope_head(), msgspec.json.encode(sent), b"}\n\n"))]
+        event = b"".join((self._envelope_head(), msgspec.json.encode(sent), b"}\n\n"))
+        if self._before_output is None:
+            return [event]
+        if not any(_carries_output(choice) for choice in sent):
+            self._before_output.append(event)
+            return []
+        out, self._before_output = [*self._before_output, event], None
+        return out
 
     def end(self) -> list[bytes]:
         turn, created = self.turn, self.created
         out = [
-            sse(chunk(turn, created, {}, reason, index=index, roundtrip_timings=timings(turn)))
-            for index, reason in self.held.items()
+            *(self._before_output or ()),
+            *(
+                sse(chunk(turn, created, {}, reason, index=index, roundtrip_timings=timings(turn)))
+                for index, reason in self.held.items()
+            ),
         ]
         if self.include_usage:
             out.append(sse(chunk(turn, created, {}) | {"choices": [], "usage": turn.usage.as_openai()}))
