@@ -12,9 +12,10 @@ measured too, as the reference a deployment would otherwise use. With `--baselin
 repository, say `git worktree add /tmp/before <commit>`), that checkout's gateway runs as one more target in the same
 rounds ("baseline"): a change to the gateway is measured against the code before it under the same drift.
 
-At one stream, requests go one at a time, cycling through the targets (the order turned every round, so no target
-always follows another); at N streams, each round runs N concurrent streams against one target, the targets taking
-turns. Every request has its own prompt (so llama-server's prompt cache helps none), greedy, `ignore_eos`, exactly
+At one stream, requests go one at a time, cycling through the targets in an order shuffled every round (so no
+target follows another more often than chance: see `round_order`); at N streams, each round runs N concurrent streams
+against one target, the targets taking turns in the same orders. Every request has its own prompt (so llama-server's
+prompt cache helps none), greedy, `ignore_eos`, exactly
 `--max-tokens` tokens. The client is `benchmarks.lean_stream` (the same for every target), on the same two cores.
 Prints TTFT and ITL p50, aggregate tokens/s and each proxy's CPU time per output token (from /proc) per target and
 level, what the gateway adds, and the issue's bars: at one stream at most +2 ms TTFT p50 and +0.3 ms ITL p50; at 8
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import secrets
 import shutil
 import statistics
@@ -175,6 +177,17 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def round_order(names: list[str], round_: int) -> list[str]:
+    """The targets' order in one round: shuffled, the same for the same round in every run. A request can pay for
+    the work a server does after the request before it (a gateway writes its usage row, LiteLLM its logs) while
+    llama-server computes: turned by one each round, with four targets each one followed the same other target in
+    three rounds of four (llama-server the baseline gateway, the baseline LiteLLM); shuffled, each follows each other
+    about equally often."""
+    order = list(names)
+    random.Random(round_).shuffle(order)
+    return order
+
+
 def _p50(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -182,11 +195,11 @@ def _p50(values: list[float]) -> float:
 async def one_stream(
     targets: dict[str, tuple[Target, str]], requests: int, max_tokens: int, prompts: Prompts
 ) -> dict[str, list[RequestResult]]:
-    """One request at a time, cycling through the targets, the order turned every round."""
+    """One request at a time, cycling through the targets in each round's order (`round_order`)."""
     names = list(targets)
     out: dict[str, list[RequestResult]] = {name: [] for name in names}
     for i in range(requests):
-        order = names[i % len(names) :] + names[: i % len(names)]
+        order = round_order(names, i)
         for name in order:
             target, model = targets[name]
             out[name].append(await one_request(target.url, target.key, model, prompts.next(i), max_tokens, i))
@@ -200,7 +213,7 @@ async def many_streams(
     out: dict[str, tuple[list[RequestResult], float]] = {name: ([], 0.0) for name in targets}
     names = list(targets)
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in round_order(names, r):
             target, model = targets[name]
             started = time.perf_counter()
             results = await asyncio.gather(
