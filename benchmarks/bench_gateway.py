@@ -12,10 +12,10 @@ measured too, as the reference a deployment would otherwise use. With `--baselin
 repository, say `git worktree add /tmp/before <commit>`), that checkout's gateway runs as one more target in the same
 rounds ("baseline"): a change to the gateway is measured against the code before it under the same drift.
 
-At one stream, requests go one at a time, cycling through the targets in an order shuffled every round (so no
-target follows another more often than chance: see `round_order`); at N streams, each round runs N concurrent streams
-against one target, the targets taking turns in the same orders. Every request has its own prompt (so llama-server's
-prompt cache helps none), greedy, `ignore_eos`, exactly
+At one stream, requests go one at a time, cycling through the targets in an order that changes every round (every
+target as often in every place and after every other: see `round_order`); at N streams, each round runs N concurrent
+streams against one target, the targets taking turns in the same orders. Every request has its own prompt (so
+llama-server's prompt cache helps none), greedy, `ignore_eos`, exactly
 `--max-tokens` tokens. The client is `benchmarks.lean_stream` (the same for every target), on the same two cores.
 Prints TTFT and ITL p50, aggregate tokens/s and each proxy's CPU time per output token (from /proc) per target and
 level, what the gateway adds, and the issue's bars: at one stream at most +2 ms TTFT p50 and +0.3 ms ITL p50; at 8
@@ -178,14 +178,28 @@ def cpu_seconds(pid: int) -> float:
 
 
 def round_order(names: list[str], round_: int) -> list[str]:
-    """The targets' order in one round: shuffled, the same for the same round in every run. A request can pay for
-    the work a server does after the request before it (a gateway writes its usage row, LiteLLM its logs) while
-    llama-server computes: turned by one each round, with four targets each one followed the same other target in
-    three rounds of four (llama-server the baseline gateway, the baseline LiteLLM); shuffled, each follows each other
-    about equally often."""
-    order = list(names)
-    random.Random(round_).shuffle(order)
-    return order
+    """The targets' order in one round, the same for the same round in every run.
+
+    A request can pay for the work a server does after the request before it (a gateway writes its usage row, LiteLLM
+    its logs) while llama-server computes. The orders are the rows of a Williams design (with its mirror for an odd
+    number of targets), each row once in every block of rounds, the blocks' orders shuffled: within a block every
+    target runs once in every place and follows every other target equally often, even in the four rounds of the
+    8-stream level; between rounds, who follows whom is left to chance. (Turned by one each round, with four targets
+    each followed the same other target in three rounds of four: llama-server the baseline gateway, the baseline
+    LiteLLM.)"""
+    n = len(names)
+    first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...: every difference between neighbours once
+    while len(first) < n:
+        if len(first) % 2:
+            first, low = [*first, low], low + 1
+        else:
+            first, high = [*first, high], high - 1
+    rows = [[(i + shift) % n for i in first] for shift in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    block, place = divmod(round_, len(rows))
+    row = rows[random.Random(block).sample(range(len(rows)), len(rows))[place]]
+    return [names[i] for i in row]
 
 
 def _p50(values: list[float]) -> float:
