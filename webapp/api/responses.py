@@ -3,6 +3,7 @@ that always ends (an error after the start becomes an error event, then [DONE]),
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import time
@@ -93,7 +94,7 @@ async def guarded_sse(turn: Turn, items: AsyncIterator[Item], writer: ChunkWrite
         await turn.settle()
 
 
-class EventChunks:
+class EventChunks(abc.ABC):
     """A writer of the turn's trace events: each choice's events through its `Choice`, whose pieces `pieces` makes
     into the API's events."""
 
@@ -106,8 +107,9 @@ class EventChunks:
         choice = self.choices[item.index]
         return self.pieces(choice, choice.feed(item.event))
 
+    @abc.abstractmethod
     def pieces(self, choice: Choice, piece: Piece | None) -> list[bytes]:
-        raise NotImplementedError
+        """The API's events for what one choice has to send now (None: nothing)."""
 
 
 class ChatChunks(EventChunks):
