@@ -336,10 +336,11 @@ def test_a_client_that_leaves_stops_the_upstream(fleet: Fleet) -> None:
         for n, _ in enumerate(response.iter_lines()):
             if n > 20:
                 break  # closing the stream drops the connection
+    # The gateway stops the upstream first, then writes its own row: wait for both, each in its own database.
     deadline = time.monotonic() + 10
-    while len(upstream_rows := _generations(fleet.a.db)[before:]) < 1 and time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (_generations(fleet.a.db)[before:] and _rows(fleet.gateway.db, request_id)):
         time.sleep(0.2)
-    (upstream_row,) = upstream_rows  # the upstream's own usage row: its client (the gateway) left
+    (upstream_row,) = _generations(fleet.a.db)[before:]  # the upstream's own usage row: its client (the gateway) left
     assert upstream_row["status"] == 499 and upstream_row["completion_tokens"] < LONG
     (row,) = _rows(fleet.gateway.db, request_id)
     assert row["status"] == 499
