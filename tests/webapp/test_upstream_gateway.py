@@ -338,7 +338,9 @@ def test_a_client_that_leaves_stops_the_upstream(fleet: Fleet) -> None:
                 break  # closing the stream drops the connection
     # The gateway stops the upstream first, then writes its own row: wait for both, each in its own database.
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (_generations(fleet.a.db)[before:] and _rows(fleet.gateway.db, request_id)):
+    while time.monotonic() < deadline and not (
+        _generations(fleet.a.db)[before:] and _rows(fleet.gateway.db, request_id)
+    ):
         time.sleep(0.2)
     (upstream_row,) = _generations(fleet.a.db)[before:]  # the upstream's own usage row: its client (the gateway) left
     assert upstream_row["status"] == 499 and upstream_row["completion_tokens"] < LONG

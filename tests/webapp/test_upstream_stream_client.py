@@ -7,6 +7,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -64,7 +65,10 @@ def test_a_chunked_stream_is_read_line_by_line_as_it_arrives_and_its_connection_
             writer.write(STREAM_HEAD + _chunk(b'data: {"a": 1}\n\ndata: {"b"'))
             await writer.drain()
             await asyncio.sleep(0.05)
-            writer.write(_chunk(b": 2}\n\ndata: [DONE]\n\n") + b"0\r\n\r\n")
+            writer.write(_chunk(b": 2}\n\ndata: [DONE]\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.02)  # the body's last chunk comes later, as llama-server writes it
+            writer.write(b"0\r\n\r\n")
             await writer.drain()
 
     async def test(url: str) -> None:
@@ -75,37 +79,80 @@ def test_a_chunked_stream_is_read_line_by_line_as_it_arrives_and_its_connection_
             lines.append(line)
         assert lines == [b'data: {"a": 1}\n', b"\n", b'data: {"b": 2}\n', b"\n", b"data: [DONE]\n", b"\n"]
         response.release()
-        # read as the gateway reads it: up to [DONE], leaving the blank line that ends that event
+        # read as the gateway reads it: up to [DONE], released before the blank line and the body's last chunk came
         for _ in range(2):
             response = await _post(url)
             while await response.line() != b"data: [DONE]\n":
                 pass
-            await asyncio.sleep(0.01)  # the final chunk is in
             response.release()
+            await asyncio.sleep(0.05)  # the last chunk comes meanwhile: the connection is back in the pool
         assert connections == 1
 
     asyncio.run(_serve(handler, test))
 
 
-def test_a_kept_alive_connection_the_server_closed_is_replaced_by_a_new_one() -> None:
-    connections = 0
+def _idle(url: str) -> list[stream_client._Connection]:
+    """The stream client's idle connections to the server at `url`, on this loop."""
+    parts = urlsplit(url)
+    return stream_client._pool((parts.hostname or "", parts.port or 80, False)).idle
+
+
+def _answer_once_then_close(idle_timeout: float) -> tuple[Handler, list[tuple[float, float]]]:
+    """A server that answers one request per connection and closes it, as llama-server does after a streamed answer,
+    and closes a connection that brings no request within `idle_timeout`; with the (accepted, asked) times of the
+    connections that carried a request."""
+    carried: list[tuple[float, float]] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        await _read_request(reader)
+        accepted = time.monotonic()
+        try:
+            await asyncio.wait_for(_read_request(reader), idle_timeout)
+        except (TimeoutError, asyncio.IncompleteReadError):
+            writer.close()
+            return
+        carried.append((accepted, time.monotonic()))
         body = b'{"ok": true}'
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         await writer.drain()
-        writer.close()  # after answering, as llama-server does after a streamed answer
+        writer.close()
+
+    return handler, carried
+
+
+def test_a_server_that_closes_after_each_answer_has_a_spare_connection_ready_for_the_next_request() -> None:
+    handler, carried = _answer_once_then_close(idle_timeout=5.0)
 
     async def test(url: str) -> None:
+        posted = []
         for _ in range(3):
+            posted.append(time.monotonic())
             response = await _post(url)
             assert await response.read() == b'{"ok": true}'
             response.release()
             await asyncio.sleep(0.05)
-        assert connections == 3
+        assert len(carried) == 3
+        first, *later = carried
+        assert first[0] >= posted[0]  # the first request connected itself
+        for (accepted, _), asked in zip(later, posted[1:], strict=True):
+            assert accepted < asked  # the later ones went on a connection opened before they were asked
+        assert len(_idle(url)) == 1  # and one is ready for the next
+
+    asyncio.run(_serve(handler, test))
+
+
+def test_a_spare_the_server_closes_unused_is_not_replaced() -> None:
+    handler, carried = _answer_once_then_close(idle_timeout=0.1)
+
+    async def test(url: str) -> None:
+        response = await _post(url)
+        assert await response.read() == b'{"ok": true}'
+        response.release()
+        await asyncio.sleep(0.05)
+        assert len(_idle(url)) == 1  # a spare
+        await asyncio.sleep(0.3)  # past the server's idle timeout: it closed the spare
+        assert not _idle(url)
+        response = await _post(url)  # the next request connects itself
+        assert await response.read() == b'{"ok": true}' and len(carried) == 2
 
     asyncio.run(_serve(handler, test))
 

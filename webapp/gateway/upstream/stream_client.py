@@ -5,9 +5,10 @@ the model server it waits for. aiohttp spent about 1 ms of CPU connecting, sendi
 and for every chunk fed a stream reader, rescheduled a per-read timer and woke a reader task. Here the socket is an
 asyncio protocol and httptools (llhttp, in C) parses the response, chunked bodies included: a chunk's bytes are
 appended to one buffer and wake the one waiting reader. The silence timeout is one watchdog per response that looks
-at when bytes last came, not a timer moved on every read. Connections are kept alive per server and reused; one the
-server closed leaves the pool as it closes. The probes and the tokenizer calls (once a request at most, off the
-stream) keep aiohttp's general client (`connection.http`).
+at when bytes last came, not a timer moved on every read. Connections are kept alive per server and reused (a
+stream read up to its `[DONE]` drains its last bytes first); one the server closed leaves the pool as it closes; a
+server that closes after every answer gets a spare opened between requests (`_Pool`). The probes and the tokenizer
+calls (once a request at most, off the stream) keep aiohttp's general client (`connection.http`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 import httptools
 
 IDLE_SECONDS = 30.0  # a kept-alive connection unused longer is closed, not reused (servers close theirs too)
+DRAIN_SECONDS = 2.0  # how long a released response's last bytes may take to come before its connection is dropped
 
 
 class UpstreamConnectError(ConnectionError):
@@ -48,13 +50,62 @@ class _Unanswered(UpstreamDisconnected):
 Key = tuple[str, int, bool]  # host, port, TLS
 
 
+class _Pool:
+    """One server's idle connections on one event loop, and the spare one it is opening, if any.
+
+    llama-server closes the connection after every streamed answer (its `Keep-Alive` header notwithstanding), so
+    without a spare every request to it first connected and waited for the server to accept and hand the socket to a
+    thread: work on the way to the first token that a direct client pays once and the gateway paid twice. When a
+    connection that carried a response is closed by the server and nothing idle is left, a spare is opened at once,
+    between requests, for the next request to take. A spare that the server closes unused (idle too long) is not
+    replaced: a gateway nobody uses holds no connections."""
+
+    def __init__(self, key: Key) -> None:
+        self.key = key
+        self.idle: list[_Connection] = []
+        self.within = 5.0  # the connect timeout a spare gets: the last one a request gave
+        self._spare: asyncio.Task[None] | None = None
+
+    def reused(self) -> _Connection | None:
+        """The most recently used idle connection, if one is still open and fresh."""
+        now = time.monotonic()
+        while self.idle:
+            connection = self.idle.pop()
+            if not connection.closed and now - connection.idle_since < IDLE_SECONDS:
+                return connection
+            connection.close()
+        return None
+
+    def add(self, connection: _Connection) -> None:
+        connection.idle_since = time.monotonic()
+        self.idle.append(connection)
+
+    def remove(self, connection: _Connection) -> None:
+        if connection in self.idle:
+            self.idle.remove(connection)
+
+    def keep_one_ready(self) -> None:
+        """Open a spare connection unless one is idle here or being opened."""
+        if self._spare is None and not any(not c.closed for c in self.idle):
+            self._spare = asyncio.get_running_loop().create_task(self._open_spare())
+
+    async def _open_spare(self) -> None:
+        try:
+            self.add(await _connect(self, self.within))
+        except UpstreamConnectError:
+            pass  # the next request connects itself, and reports what fails
+        finally:
+            self._spare = None
+
+
 class _Connection(asyncio.Protocol):
     """One kept-alive connection; it carries one response at a time."""
 
-    def __init__(self, pool: list[_Connection]) -> None:
-        self.pool = pool  # this server's idle connections, on this loop
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.carried = False  # it has carried a request (a spare not yet used has not)
         self.idle_since = 0.0
         self.response: Response | None = None
 
@@ -73,19 +124,18 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._leave_pool()
-        if self.response is not None:
-            self.response.lost(exc)
+        self.pool.remove(self)
+        response = self.response
+        if response is not None:
+            response.lost(exc)
+        if self.carried and (response is None or response.complete):  # the server closes after each answer
+            self.pool.keep_one_ready()
 
     def close(self) -> None:
         self.closed = True
-        self._leave_pool()
+        self.pool.remove(self)
         if self.transport is not None:
             self.transport.close()
-
-    def _leave_pool(self) -> None:
-        if self in self.pool:
-            self.pool.remove(self)
 
 
 class Response:
@@ -104,6 +154,7 @@ class Response:
         self._parser = httptools.HttpResponseParser(self)
         self._body = bytearray()
         self._head_done = False
+        self._draining = False  # released before its last bytes came: pooled when they have
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
@@ -120,9 +171,13 @@ class Response:
         except httptools.HttpParserError as exc:
             self._fail(UpstreamDisconnected(f"the response could not be read: {exc}"))
             self.connection.close()
+        if self._draining and (self.complete or not self._fit_for_reuse()):
+            self._drained()
         self._wake()
 
     def lost(self, exc: Exception | None) -> None:
+        if self._draining:
+            self._stop_watchdog()
         if not self.complete and self._error is None:
             why = f": {exc}" if exc else ""
             self._fail(UpstreamDisconnected(f"the server closed the connection{why}"))
@@ -174,15 +229,31 @@ class Response:
         return body
 
     def release(self) -> None:
-        """Done with it: a complete response's kept-alive connection goes back to the pool; otherwise it is closed.
-        What is left unread may only be blank (an event stream's last line ends its event: a reader that stops at
-        `data: [DONE]` leaves the blank line after it)."""
+        """Done with it: a kept-alive connection goes back to the pool once its response is complete; otherwise it is
+        closed. What is left unread may only be blank (an event stream's last line ends its event: a reader that stops
+        at `data: [DONE]` leaves the blank line after it).
+
+        A reader that stops at `data: [DONE]` usually releases the response before its last bytes (the blank line,
+        the chunked body's last chunk) have come: llama-server writes them separately. Such a response drains: its
+        connection joins the pool when they come, or is closed if anything else comes or nothing within
+        DRAIN_SECONDS. Without this no streamed answer's connection was ever reused, and every request paid for a
+        new connection (and the server's accept and hand-over to a thread) before its first token."""
+        self._stop_watchdog()
+        if self._fit_for_reuse() and not self.complete:
+            self._draining = True
+            self._watchdog = self._loop.call_later(DRAIN_SECONDS, self.close)
+            return
+        self._drained()
+
+    def _fit_for_reuse(self) -> bool:
+        return self.keep_alive and self._error is None and not self._body.strip() and not self.connection.closed
+
+    def _drained(self) -> None:
         self._stop_watchdog()
         connection = self.connection
         connection.response = None
-        if self.complete and self.keep_alive and not self._body.strip() and not connection.closed:
-            connection.idle_since = time.monotonic()
-            connection.pool.append(connection)
+        if self.complete and self._fit_for_reuse():
+            connection.pool.add(connection)
         else:
             connection.close()
 
@@ -231,23 +302,15 @@ class Response:
             self._watchdog = None
 
 
-_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Key, list[_Connection]]] = weakref.WeakKeyDictionary()
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Key, _Pool]] = weakref.WeakKeyDictionary()
 
 
-def _pool(key: Key) -> list[_Connection]:
-    """This loop's idle connections to one server (a connection belongs to the loop that made it)."""
-    return _pools.setdefault(asyncio.get_running_loop(), {}).setdefault(key, [])
-
-
-def _reused(pool: list[_Connection]) -> _Connection | None:
-    """The most recently used idle connection, if one is still open and fresh."""
-    now = time.monotonic()
-    while pool:
-        connection = pool.pop()
-        if not connection.closed and now - connection.idle_since < IDLE_SECONDS:
-            return connection
-        connection.close()
-    return None
+def _pool(key: Key) -> _Pool:
+    """This loop's connections to one server (a connection belongs to the loop that made it)."""
+    pools = _pools.setdefault(asyncio.get_running_loop(), {})
+    if key not in pools:
+        pools[key] = _Pool(key)
+    return pools[key]
 
 
 @functools.cache
@@ -255,8 +318,8 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-async def _connect(key: Key, pool: list[_Connection], within: float) -> _Connection:
-    host, port, tls = key
+async def _connect(pool: _Pool, within: float) -> _Connection:
+    host, port, tls = pool.key
     loop = asyncio.get_running_loop()
     try:
         _, connection = await asyncio.wait_for(
@@ -289,17 +352,19 @@ async def post(url: str, body: bytes, headers: dict[str, str], connect_timeout: 
     lines += [f"{name}: {value}" for name, value in headers.items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
     pool = _pool(key)
-    connection = _reused(pool)
+    pool.within = connect_timeout
+    connection = pool.reused()
     if connection is not None:
         try:
             return await _exchange(connection, request, silence)
         except _Unanswered:
             pass
-    return await _exchange(await _connect(key, pool, connect_timeout), request, silence)
+    return await _exchange(await _connect(pool, connect_timeout), request, silence)
 
 
 async def _exchange(connection: _Connection, request: bytes, silence: float) -> Response:
     response = connection.response = Response(connection, silence)
+    connection.carried = True
     assert connection.transport is not None
     connection.transport.write(request)
     try:
