@@ -157,6 +157,27 @@ def test_a_spare_the_server_closes_unused_is_not_replaced() -> None:
     asyncio.run(_serve(handler, test))
 
 
+def test_a_connection_the_client_closes_opens_no_spare() -> None:
+    opened = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal opened
+        opened += 1
+        await _read_request(reader)
+        writer.write(STREAM_HEAD + _chunk(b"data: {}\n\n"))
+        await writer.drain()
+        await reader.read()  # until the client leaves
+
+    async def test(url: str) -> None:
+        response = await _post(url)
+        assert await response.line() == b"data: {}\n"
+        response.close()  # as when the gateway's own client leaves mid-stream
+        await asyncio.sleep(0.1)
+        assert opened == 1 and not _idle(url)
+
+    asyncio.run(_serve(handler, test))
+
+
 def test_an_upstream_that_goes_silent_raises_after_the_silence_timeout() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _one_line_streamed(reader, writer)

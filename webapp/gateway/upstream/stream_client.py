@@ -123,12 +123,13 @@ class _Connection(asyncio.Protocol):
         return False  # close the transport; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
+        by_the_server = not self.closed
         self.closed = True
         self.pool.remove(self)
         response = self.response
         if response is not None:
             response.lost(exc)
-        if self.carried and (response is None or response.complete):  # the server closes after each answer
+        if by_the_server and self.carried and (response is None or response.complete):  # it closes after answers
             self.pool.keep_one_ready()
 
     def close(self) -> None:
