@@ -257,15 +257,29 @@ def row(results: list[RequestResult], seconds: float = 0.0, cpu: float | None = 
     return out
 
 
+def median_interval(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % bootstrap interval for the median of `values`: how far the printed median could be from the one a
+    longer run would give. Requests to llama-server differ from each other by tens of milliseconds in TTFT here, so a
+    difference of medians over 100 pairs is only known to a few milliseconds; the interval says how many."""
+    if not values:
+        return float("nan"), float("nan")
+    draw = random.Random(seed)
+    medians = sorted(statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def paired(through: list[RequestResult], direct: list[RequestResult]) -> dict[str, float]:
     """At one stream, request i of every target has the same topic and prompt length and ran in the same round: the
-    median over rounds of (through - direct) for TTFT and for the request's median ITL. llama-server's prefill time
-    wanders by several milliseconds over a run; the difference of two targets' p50s carries that noise, the paired
-    differences much less of it."""
+    median over rounds of (through - direct) for TTFT and for the request's median ITL, each with its 95 % interval.
+    llama-server's prefill time wanders by several milliseconds over a run; the difference of two targets' p50s
+    carries that noise, the paired differences less of it."""
     pairs = [(t, d) for t, d in zip(through, direct, strict=True) if t.ttft is not None and d.ttft is not None]
-    ttft = [t.ttft - d.ttft for t, d in pairs if t.ttft is not None and d.ttft is not None]
-    itl = [_p50(t.itls()) - _p50(d.itls()) for t, d in pairs if t.itls() and d.itls()]
-    return {"ttft_paired_ms": _p50(ttft) * 1000, "itl_paired_ms": _p50(itl) * 1000}
+    ttft = [(t.ttft - d.ttft) * 1000 for t, d in pairs if t.ttft is not None and d.ttft is not None]
+    itl = [(_p50(t.itls()) - _p50(d.itls())) * 1000 for t, d in pairs if t.itls() and d.itls()]
+    out = {"ttft_paired_ms": _p50(ttft), "itl_paired_ms": _p50(itl)}
+    for name, values in (("ttft", ttft), ("itl", itl)):
+        out[f"{name}_paired_low_ms"], out[f"{name}_paired_high_ms"] = median_interval(values)
+    return out
 
 
 def main() -> None:
@@ -353,7 +367,9 @@ def report(table: dict[str, dict[str, dict[str, float]]], model_path: str, max_t
             bars = f" (bars: <= {BARS['ttft_ms']} ms, <= {BARS['itl_ms']} ms)" if proxy == "roundtrip" else ""
             added.append(
                 f"1 stream: TTFT p50 {ttft:+.2f} ms, ITL p50 {itl:+.3f} ms{bars}; paired by round: TTFT "
-                f"{through['ttft_paired_ms']:+.2f} ms, ITL {through['itl_paired_ms']:+.3f} ms"
+                f"{through['ttft_paired_ms']:+.2f} ms (95 % interval {through['ttft_paired_low_ms']:+.2f} to "
+                f"{through['ttft_paired_high_ms']:+.2f}), ITL {through['itl_paired_ms']:+.3f} ms "
+                f"({through['itl_paired_low_ms']:+.3f} to {through['itl_paired_high_ms']:+.3f})"
             )
         if "8" in table and proxy in table["8"]:
             loss = 1 - table["8"][proxy]["tok_s"] / table["8"]["llama-server"]["tok_s"]

@@ -1,14 +1,16 @@
 """The gateway benchmark's rounds: every target as often in every place and after every other, so none pays for
-another's work after its answer more than the rest."""
+another's work after its answer more than the rest; and how well a run knows its paired medians."""
 
 from __future__ import annotations
 
+import random
+import statistics
 from collections import Counter
 from itertools import pairwise
 
 import pytest
 
-from benchmarks.bench_gateway import round_order
+from benchmarks.bench_gateway import median_interval, round_order
 
 NAMES = ["llama-server", "roundtrip", "litellm", "baseline"]
 
@@ -34,3 +36,14 @@ def test_over_a_run_each_target_follows_each_other_about_equally_often() -> None
 
 def test_a_rounds_order_is_the_same_in_every_run() -> None:
     assert [round_order(NAMES, r) for r in range(9)] == [round_order(NAMES, r) for r in range(9)]
+
+
+def test_the_interval_of_a_median_narrows_as_pairs_grow_and_holds_the_median() -> None:
+    spread = random.Random(1)
+    few = [spread.gauss(2.0, 20.0) for _ in range(100)]
+    many = few + [spread.gauss(2.0, 20.0) for _ in range(900)]
+    low, high = median_interval(few)
+    assert low < statistics.median(few) < high
+    narrow_low, narrow_high = median_interval(many)
+    assert narrow_low < 2.0 < narrow_high
+    assert narrow_high - narrow_low < (high - low) / 2
