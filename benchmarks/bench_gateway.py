@@ -2,7 +2,7 @@
 directly and through the gateway (and through LiteLLM's proxy, when it is installed), by the same client, alternating.
 
     python benchmarks/bench_gateway.py [--levels 1,8] [--requests 100] [--max-tokens 64] [--litellm PATH]
-                                       [--baseline-root CHECKOUT]
+                                       [--baseline-root CHECKOUT] [--upstream-cpus N]
 
 Starts llama-server (built by ../shared/tools/llamacpp-reference; `--parallel` = the highest level) and a Roundtrip
 gateway (`manage.py serve`, a fresh SQLite file, an unlimited key) whose only model is that llama-server, an upstream
@@ -16,7 +16,9 @@ At one stream, requests go one at a time, cycling through the targets in an orde
 target as often in every place and after every other: see `round_order`); at N streams, each round runs N concurrent
 streams against one target, the targets taking turns in the same orders. Every request has its own prompt (so
 llama-server's prompt cache helps none), greedy, `ignore_eos`, exactly
-`--max-tokens` tokens. The client is `benchmarks.lean_stream` (the same for every target), on the same two cores.
+`--max-tokens` tokens. The client is `benchmarks.lean_stream` (the same for every target), on the same two cores;
+with `--upstream-cpus 1`, llama-server has one core to itself (one thread) and the client and proxies the other, as a
+gateway and its upstream would on two machines (see `split_cpus`).
 Prints TTFT and ITL p50, aggregate tokens/s and each proxy's CPU time per output token (from /proc) per target and
 level, what the gateway adds, and the issue's bars: at one stream at most +2 ms TTFT p50 and +0.3 ms ITL p50; at 8
 streams at most 5 % less throughput.
@@ -202,6 +204,24 @@ def round_order(names: list[str], round_: int) -> list[str]:
     return [names[i] for i in row]
 
 
+def split_cpus(count: int) -> tuple[set[int] | None, int]:
+    """The CPUs llama-server gets and its thread count. With `count` CPUs of its own, this process (and every proxy
+    it starts after) keeps the others.
+
+    On two shared cores a request's time to first token wanders by tens of milliseconds: llama-server's two threads
+    meet at a barrier after every step, so whichever other process runs for a moment (the client, a proxy writing the
+    last request's usage row) holds both back. A millisecond the gateway adds is then lost in that spread. Apart, as
+    a gateway and a GPU server would be on different machines, llama-server's time is steady and the gateway's own
+    time stands out; what the gateway's CPU time costs a server on the same cores is what the shared run measures."""
+    mine = sorted(os.sched_getaffinity(0))
+    if not count:
+        return None, len(mine)
+    if count >= len(mine):
+        raise SystemExit(f"--upstream-cpus {count} leaves none of this machine's {len(mine)} CPUs to the client")
+    os.sched_setaffinity(0, mine[count:])
+    return set(mine[:count]), count
+
+
 def _p50(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -250,6 +270,10 @@ def row(results: list[RequestResult], seconds: float = 0.0, cpu: float | None = 
         "ttft_p50_ms": _p50(ttfts) * 1000,
         "itl_p50_ms": _p50(gaps) * 1000,
     }
+    prefills = [r.server_ttft for r in results if r.server_ttft is not None]
+    if prefills:  # llama-server's own prefill time, as it reported it (through Roundtrip's gateway too)
+        out["prefill_p50_ms"] = _p50(prefills) * 1000
+        out["ttft_less_prefill_p50_ms"] = _p50([path for r in results if (path := _path(r)) is not None]) * 1000
     if seconds:
         out["tok_s"] = tokens / seconds
     if cpu is not None:
@@ -268,16 +292,37 @@ def median_interval(values: list[float], resamples: int = 2000, seed: int = 0) -
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+def _path(result: RequestResult) -> float | None:
+    """A request's time to first token less llama-server's own prefill time, as it reported it: the way to the
+    server and back, and the server's work around its prefill (parse, template, tokenizer, first sample)."""
+    if result.ttft is None or result.server_ttft is None:
+        return None
+    return result.ttft - result.server_ttft
+
+
 def paired(through: list[RequestResult], direct: list[RequestResult]) -> dict[str, float]:
     """At one stream, request i of every target has the same topic and prompt length and ran in the same round: the
     median over rounds of (through - direct) for TTFT and for the request's median ITL, each with its 95 % interval.
     llama-server's prefill time wanders by several milliseconds over a run; the difference of two targets' p50s
-    carries that noise, the paired differences less of it."""
+    carries that noise, the paired differences less of it.
+
+    Here the prefill of 20 tokens takes 150-280 ms and two requests' differ by tens of milliseconds, even with
+    llama-server alone on its core: that spread is the server's arithmetic, which the gateway neither causes nor
+    shortens, yet it leaves a median of 100 pairs uncertain by several milliseconds. So where the target reports it
+    (llama-server's `timings`, and Roundtrip's gateway passing them on), the pairs are also taken of TTFT less that
+    prefill (`ttft_less_prefill_paired_ms`): what is left is the way there and back, which the gateway lengthens.
+    With llama-server on the proxies' cores a proxy that slows its prefill is not seen in that difference (the
+    prefill medians, printed beside it, show whether one did); with `--upstream-cpus` it cannot slow it."""
     pairs = [(t, d) for t, d in zip(through, direct, strict=True) if t.ttft is not None and d.ttft is not None]
     ttft = [(t.ttft - d.ttft) * 1000 for t, d in pairs if t.ttft is not None and d.ttft is not None]
     itl = [(_p50(t.itls()) - _p50(d.itls())) * 1000 for t, d in pairs if t.itls() and d.itls()]
+    path = [(p - q) * 1000 for t, d in pairs if (p := _path(t)) is not None and (q := _path(d)) is not None]
     out = {"ttft_paired_ms": _p50(ttft), "itl_paired_ms": _p50(itl)}
-    for name, values in (("ttft", ttft), ("itl", itl)):
+    measured = [("ttft", ttft), ("itl", itl)]
+    if path:
+        out["ttft_less_prefill_paired_ms"] = _p50(path)
+        measured.append(("ttft_less_prefill", path))
+    for name, values in measured:
         out[f"{name}_paired_low_ms"], out[f"{name}_paired_high_ms"] = median_interval(values)
     return out
 
@@ -292,14 +337,21 @@ def main() -> None:
     parser.add_argument("--litellm", default=shutil.which("litellm"), help="LiteLLM's `litellm` command, if any")
     parser.add_argument("--output", help="write the table as JSON here")
     parser.add_argument("--baseline-root", type=Path, help="another checkout whose gateway runs beside this one")
+    parser.add_argument(
+        "--upstream-cpus",
+        type=int,
+        default=0,
+        help="give llama-server this many CPUs of its own (and as many threads), the client and the proxies the rest; "
+        "0 (the default): every process on every CPU",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     model_path = model_file(args.model)
-    threads = os.cpu_count() or 2
+    upstream_cpus, threads = split_cpus(args.upstream_cpus)
     table: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="roundtrip-gateway-bench-") as tmp:
         workdir = Path(tmp)
-        with llama_server(workdir, levels, model_path, threads) as upstream:
+        with llama_server(workdir, levels, model_path, threads, upstream_cpus) as upstream:
             if upstream is None:
                 raise SystemExit("llama-server is needed: run ../shared/tools/llamacpp-reference")
             with (
@@ -337,15 +389,20 @@ def main() -> None:
                             f"  {level} streams, {name}: {json.dumps({k: round(v, 3) for k, v in r.items()})}",
                             file=sys.stderr,
                         )
-    report(table, model_path, args.max_tokens)
+    report(table, model_path, args.max_tokens, upstream_cpus)
     if args.output:
         Path(args.output).write_text(json.dumps(table, indent=2))
 
 
-def report(table: dict[str, dict[str, dict[str, float]]], model_path: str, max_tokens: int) -> None:
-    print(
-        f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); client on the same machine"
+def report(
+    table: dict[str, dict[str, dict[str, float]]], model_path: str, max_tokens: int, upstream_cpus: set[int] | None
+) -> None:
+    where = (
+        f"llama-server alone on CPUs {sorted(upstream_cpus)}, the client and the proxies on the others"
+        if upstream_cpus
+        else "every process on every CPU"
     )
+    print(f"\nmodel {model_path}; {max_tokens} output tokens per request (ignore_eos, greedy); {where}")
     print(
         f"{'streams':>8} {'target':<14}{'requests':>9}{'errors':>7}{'TTFT p50':>11}{'ITL p50':>10}{'tok/s':>9}"
         f"{'CPU/token':>11}"
@@ -371,6 +428,14 @@ def report(table: dict[str, dict[str, dict[str, float]]], model_path: str, max_t
                 f"{through['ttft_paired_high_ms']:+.2f}), ITL {through['itl_paired_ms']:+.3f} ms "
                 f"({through['itl_paired_low_ms']:+.3f} to {through['itl_paired_high_ms']:+.3f})"
             )
+            if "ttft_less_prefill_paired_ms" in through:
+                low, high = through["ttft_less_prefill_paired_low_ms"], through["ttft_less_prefill_paired_high_ms"]
+                added.append(
+                    f"TTFT less llama-server's own prefill: p50 "
+                    f"{through['ttft_less_prefill_p50_ms'] - direct['ttft_less_prefill_p50_ms']:+.2f} ms, paired "
+                    f"{through['ttft_less_prefill_paired_ms']:+.2f} ms ({low:+.2f} to {high:+.2f}); the prefill's own "
+                    f"p50 {direct['prefill_p50_ms']:.2f} ms direct, {through['prefill_p50_ms']:.2f} ms through"
+                )
         if "8" in table and proxy in table["8"]:
             loss = 1 - table["8"][proxy]["tok_s"] / table["8"]["llama-server"]["tok_s"]
             bar = f" (bar: <= {BARS['throughput_loss']:.0%})" if proxy == "roundtrip" else ""

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -139,6 +139,14 @@ def engine_row(before: dict[str, float] | None, after: dict[str, float] | None) 
     }
 
 
+def upstream_reported(chunk: dict[str, Any]) -> dict[str, float] | None:
+    """llama-server's own account of a request's time (`timings`: `prompt_ms` is its prefill), from its chunk or, for
+    a gateway in front of it, from the gateway's `roundtrip_timings` (`upstream_reported`); None where a chunk has
+    neither (LiteLLM's proxy passes it on in neither)."""
+    reported = chunk.get("timings") or (chunk.get("roundtrip_timings") or {}).get("upstream_reported")
+    return reported if isinstance(reported, dict) and "prompt_ms" in reported else None
+
+
 async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: int, index: int) -> RequestResult:
     body = {
         "model": model,
@@ -158,6 +166,8 @@ async def one_request(url: str, key: str, model: str, prompt: str, max_tokens: i
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 result.output_tokens = chunk["usage"]["completion_tokens"]
+            if reported := upstream_reported(chunk):
+                result.server_ttft = reported["prompt_ms"] / 1000
             if "error" in chunk:
                 result.error = chunk["error"].get("code") or "error"
             if any(choice["delta"].get("content") for choice in chunk.get("choices", [])):
@@ -240,7 +250,10 @@ def roundtrip_server(workdir: Path, levels: list[int], model_path: str, root: Pa
 
 
 @contextmanager
-def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int) -> Iterator[Target | None]:
+def llama_server(
+    workdir: Path, levels: list[int], model_path: str, threads: int, cpus: set[int] | None = None
+) -> Iterator[Target | None]:
+    """llama-server on `model_path` with a slot per stream of the highest level; confined to `cpus` when given."""
     binary = LLAMACPP / "bin" / "llama-server"
     if not binary.exists():
         print(f"llama-server not found at {binary}: run ../shared/tools/llamacpp-reference", file=sys.stderr)
@@ -266,7 +279,11 @@ def llama_server(workdir: Path, levels: list[int], model_path: str, threads: int
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, env={**os.environ, "LD_LIBRARY_PATH": str(LLAMACPP / "lib")}, stdout=out, stderr=subprocess.STDOUT
+            command,
+            env={**os.environ, "LD_LIBRARY_PATH": str(LLAMACPP / "lib")},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
     try:
         try:

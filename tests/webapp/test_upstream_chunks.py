@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from webapp.gateway.upstream.chunks import ChunkReader
+from webapp.gateway.upstream.chunks import MAX_SERVER_TIMINGS, ChunkReader
 from webapp.worker import wire
 
 
@@ -98,3 +98,16 @@ def test_with_several_choices_the_upstreams_total_is_kept_and_split_by_what_each
     finished = {i: e for i, e in reader.finish(0.4) if isinstance(e, wire.Finished)}
     assert sum(f.completion_tokens for f in finished.values()) == 5
     assert finished[1].completion_tokens == 2
+
+
+def test_the_upstreams_own_timings_are_kept_as_short_named_numbers_only() -> None:
+    reader = ChunkReader(n=1, sent=0.0)
+    reader.read(_chat("Hi"), 0.01)
+    assert reader.server_timings is None  # an upstream that sends none (vLLM, another Roundtrip)
+    reported = {"prompt_n": 20, "prompt_ms": 175.9, "predicted_ms": 40.2, "note": "<b>", "flag": True}
+    reported |= {"nan": float("nan"), "x" * 41: 1, **{f"t{i}": i for i in range(30)}}
+    reader.read(_chat(finish="length") | {"timings": reported}, 0.02)
+    timings = reader.server_timings
+    assert timings is not None and len(timings) == MAX_SERVER_TIMINGS
+    assert (timings["prompt_n"], timings["prompt_ms"], timings["predicted_ms"]) == (20, 175.9, 40.2)
+    assert not {"note", "flag", "nan", "x" * 41} & set(timings)

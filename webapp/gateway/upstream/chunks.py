@@ -18,6 +18,7 @@ from typing import Any, Literal
 from webapp.worker import wire
 
 Event = tuple[int, wire.TraceEvent]  # (choice index, event)
+MAX_SERVER_TIMINGS = 16  # of an upstream's own `timings` numbers, how many `roundtrip_timings` carries on
 
 
 @dataclass
@@ -38,6 +39,7 @@ class ChunkReader:
     seed: int = 0
     choices: dict[int, ChoiceState] = field(default_factory=dict)
     usage: dict[str, Any] | None = None
+    server_timings: dict[str, float] | None = None  # the upstream's own account of its time, when it sends one
     ended: int = 0  # choices with their finish reason
 
     def read(self, chunk: dict[str, Any], t: float) -> list[Event]:
@@ -64,6 +66,8 @@ class ChunkReader:
     def _chunk(self, chunk: dict[str, Any], t: float, events: list[Event] | None) -> int:
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+        if isinstance(chunk.get("timings"), dict):
+            self.server_timings = server_timings(chunk["timings"])
         tokens = 0
         for choice in chunk.get("choices") or ():
             if isinstance(choice, dict):
@@ -143,6 +147,20 @@ class ChunkReader:
             )
             for index, state in sorted(self.choices.items())
         ]
+
+
+def server_timings(reported: dict[str, Any]) -> dict[str, float]:
+    """The numbers of an upstream's `timings` (llama-server's: `prompt_n`, `prompt_ms`, `predicted_ms`, ...), at most
+    `MAX_SERVER_TIMINGS` of them with short names: what the server says its prefill and decoding took, beside the
+    gateway's own clocks. They come from another server, so nothing else of them is passed on."""
+    out: dict[str, float] = {}
+    for name, value in reported.items():
+        if len(out) == MAX_SERVER_TIMINGS:
+            break
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if number and isinstance(name, str) and len(name) <= 40:
+            out[name] = value
+    return out
 
 
 def _logprob_entries(choice: dict[str, Any]) -> list[dict[str, Any]]:

@@ -301,8 +301,11 @@ class UpstreamGeneration:
             self._gaps.clear()
 
     def extra_timings(self) -> dict[str, Any]:
-        """For `roundtrip_timings`: which server answered, after which failures, and the gateway's own time."""
+        """For `roundtrip_timings`: which server answered, after which failures, the gateway's own time, and the
+        upstream's own account of its time where it sends one (llama-server's `timings`)."""
         out = self.clock.timings() | {"upstream": self.worker, "upstream_model": self.served_by.id}
+        if self.reader.server_timings:
+            out["upstream_reported"] = self.reader.server_timings
         if self.attempts.tried:
             out["retried"] = [f"{t['upstream']}: {t['error']}" for t in self.attempts.tried]
         return out
