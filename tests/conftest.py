@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from load_settings import cpu
-from servers import free_port, server_env, start, stop, wait_ready
+from servers import free_port, server_env, share_kernels, start, stop, wait_ready
 from tiny_gguf import TinySpec, write_tiny_gguf
 
 from inference.loader import LoadedModel, load_model
@@ -36,10 +36,16 @@ REFERENCE = Path(__file__).resolve().parent.parent.parent / "shared" / "referenc
 SERVICE_SKIP_PREFIX = "needs service:"
 
 
+@pytest.fixture(scope="session")
+def _session_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return share_kernels(tmp_path_factory.getbasetemp() / "model-cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_model_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tiny models are cached in a per-session folder; the real model keeps the user's cache (see `smollm2`)."""
-    monkeypatch.setenv("ROUNDTRIP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "model-cache"))
+def _isolated_model_cache(_session_model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny models are cached in a per-session folder (its compiled kernels are the user's); the real model keeps the
+    user's cache (see `smollm2`)."""
+    monkeypatch.setenv("ROUNDTRIP_CACHE_DIR", str(_session_model_cache))
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,21 @@ ROOT = Path(__file__).resolve().parent.parent
 INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "ROUNDTRIP_WEIGHTS", "ROUNDTRIP_CACHE_DIR")
 
 
+def share_kernels(cache_dir: Path) -> Path:
+    """`cache_dir`, with Roundtrip's compiled CPU kernels shared with the user's cache: its `kernels` folder is the
+    user's. A test's own weights cache starts empty, but a server that found no kernels in it built them first (about
+    30 s, more on two busy cores), once for every such cache in a run."""
+    from inference.load_config import default_cache_dir
+
+    shared = default_cache_dir() / "kernels"
+    shared.mkdir(parents=True, exist_ok=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    link = cache_dir / "kernels"
+    if not link.exists():
+        link.symlink_to(shared, target_is_directory=True)
+    return cache_dir
+
+
 def server_env(**settings: str) -> dict[str, str]:
     """A server's environment: the allowlist above, CPU pinned, unbuffered output, SmolLM2 alone unless the
     settings ask for Gemma too (ROUNDTRIP_GEMMA=1), then `settings`."""

@@ -719,12 +719,12 @@ def test_the_watch_page_is_for_staff_only(page: Any, daphne_server: Any) -> None
 
 def test_the_page_shows_the_model_loading_with_its_progress(browser: Any, tmp_path: Path, screenshot: Any) -> None:
     """A cold start (empty weights cache): the page says the model is loading, then that it is ready."""
-    from servers import free_port, manage
+    from servers import free_port, manage, share_kernels
 
     port = free_port()
     env = {
         **server_env(),
-        "ROUNDTRIP_CACHE_DIR": str(tmp_path / "cold-cache"),
+        "ROUNDTRIP_CACHE_DIR": str(share_kernels(tmp_path / "cold-cache")),
         "ROUNDTRIP_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
         "ROUNDTRIP_MODELS": json.dumps([{"id": "smollm2-135m-instruct", "path": "", "aliases": []}]),
     }
