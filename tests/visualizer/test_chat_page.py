@@ -671,8 +671,11 @@ def test_staff_watch_api_requests_live(browser: Any, site_server: Any, make_key:
             li.split(" — ")[0] for li in page.locator('#stage-gateway [data-field="checks"] li').all_inner_texts()
         ] == ["authenticate", "rate_limit", "route", "usage_log"]
         assert page.locator("#stage-context .segment.message").inner_text() == "7"
-        assert page.inner_text("#stage-sampling .bar.chosen .tok") == "The"  # the token stages open on the first
-        # ending on <|im_end|>
+        # once the run is done ("done" comes after "usage", and may be drawn a frame later) the token stages open on
+        # the first token, not the last (<|im_end|>)
+        page.wait_for_function(
+            "document.querySelector('#stage-sampling .bar.chosen .tok')?.textContent === 'The'", timeout=15000
+        )
         assert page.locator("#stage-loop .loop-strip li").count() == reply.json()["usage"]["completion_tokens"]
         assert page.locator('#stage-stream [data-field="frames"] li').count() >= 1 and page.inner_text(
             '#stage-detok [data-field="appended"]'
