@@ -73,7 +73,11 @@ def _parsed(turn: Turn, request: HttpRequest, model: type[Request]) -> Request:
 
 
 def _headers_too_large(request: HttpRequest) -> GatewayError | None:
-    size = sum(len(name) + len(value) for name, value in request.headers.items())
+    scope = getattr(request, "scope", None)  # an ASGI request's headers as they came: no header mapping to build
+    if scope is not None:
+        size = sum(len(name) + len(value) for name, value in scope["headers"])
+    else:
+        size = sum(len(name) + len(value) for name, value in request.headers.items())
     if size <= APP_HEADER_BYTES:
         return None
     return GatewayError(

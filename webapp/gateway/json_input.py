@@ -10,7 +10,11 @@ people and, for a lone surrogate, the field it was found in.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+# Where a lone surrogate can come from: an escape of one (\ud800 to \udfff), or the text itself holding one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class BadJSON(ValueError):
@@ -38,6 +42,8 @@ def loads_object(text: str, what: str = "The request body") -> dict[str, Any]:
         raise BadJSON(f"{what} holds a number with too many digits.") from None
     if not isinstance(value, dict):
         raise BadJSON(f"{what} must be a JSON object.")
+    if not _SURROGATE_ESCAPE.search(text) and _encodable(text):
+        return value  # no string in it can hold a lone surrogate: the walk below costs 50 us on a chat body
     where = lone_surrogate(value)
     if where is not None:
         raise BadJSON(

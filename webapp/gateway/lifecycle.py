@@ -326,7 +326,7 @@ class Turn:
             generation.close()
         ttft = None if self.usage.first_token_at is None else self.usage.first_token_at - self.ctx.started
         self.record = await asyncio.shield(
-            sync_to_async(_usage_row)(
+            _write_usage_row(
                 self.ctx,
                 self.status,
                 self.finish_reason,
@@ -349,3 +349,6 @@ def _usage_row(ctx: RequestContext, *args: Any) -> UsageRecord:
     if ctx.identity is not None:
         renew(ctx.identity)
     return record
+
+
+_write_usage_row = sync_to_async(_usage_row)  # made once: asgiref inspects the function on every wrapping

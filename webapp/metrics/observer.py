@@ -23,6 +23,6 @@ class GatewayMetrics:
         pass
 
     async def settled(self, turn: Turn, record: UsageRecord) -> None:
-        metrics.gateway_requests.labels(record.endpoint, str(record.status)).inc()
+        metrics.labelled(metrics.gateway_requests, record.endpoint, str(record.status)).inc()
         if record.status >= 400:
-            metrics.gateway_refused.labels(record.endpoint, record.error_code or str(record.status)).inc()
+            metrics.labelled(metrics.gateway_refused, record.endpoint, record.error_code or str(record.status)).inc()

@@ -90,7 +90,7 @@ class UpstreamGeneration:
             if why is None:
                 self.served_by, self.upstream, self.worker = served, upstream, upstream.name
                 replicas.succeeded(upstream)
-                metrics.upstream_up.labels(upstream.name).set(1)
+                metrics.labelled(metrics.upstream_up, upstream.name).set(1)
                 self.accepted = wire.Accepted(
                     request_id=self.request_id,
                     control="",
@@ -103,9 +103,9 @@ class UpstreamGeneration:
                 return
             self.attempts.failed(served, upstream, why, status)
             replicas.failed(upstream, why, retry_after)
-            metrics.upstream_failures.labels(upstream.name, "status" if status else _kind(why)).inc()
-            metrics.upstream_retries.labels(upstream.name).inc()
-            metrics.upstream_up.labels(upstream.name).set(0)
+            metrics.labelled(metrics.upstream_failures, upstream.name, "status" if status else _kind(why)).inc()
+            metrics.labelled(metrics.upstream_retries, upstream.name).inc()
+            metrics.labelled(metrics.upstream_up, upstream.name).set(0)
         raise connection.exhausted(self.route.id, self.attempts.tried)
 
     async def _try(
@@ -114,7 +114,7 @@ class UpstreamGeneration:
         """(None, None, None) once `upstream` sent its first chunk; else why it failed, its status, its Retry-After."""
         state = replicas.state(upstream)
         state.in_flight += 1
-        metrics.upstream_in_flight.labels(upstream.name).inc()
+        metrics.labelled(metrics.upstream_in_flight, upstream.name).inc()
         self.clock.sent = time.perf_counter()
         self.reader.sent = self.clock.sent
         try:
@@ -139,7 +139,7 @@ class UpstreamGeneration:
                 message, _, _ = connection.upstream_message(body)
                 retry_after = _seconds(response.headers.get("retry-after"))
                 return f"HTTP {response.status}: {message}", response.status, retry_after
-            metrics.upstream_requests.labels(upstream.name, "refused").inc()
+            metrics.labelled(metrics.upstream_requests, upstream.name, "refused").inc()
             raise connection.refused(upstream, response.status, body)
         self._response = response
         self.upstream = upstream
@@ -166,7 +166,7 @@ class UpstreamGeneration:
     @staticmethod
     def _leave(upstream: Upstream) -> None:
         replicas.state(upstream).in_flight -= 1
-        metrics.upstream_in_flight.labels(upstream.name).dec()
+        metrics.labelled(metrics.upstream_in_flight, upstream.name).dec()
 
     # --- the stream ---------------------------------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ class UpstreamGeneration:
                 arrived = time.perf_counter()
                 for index, event in self.reader.read(chunk, arrived):
                     if isinstance(event, wire.Sampled) and self._tokens_seen(arrived):
-                        metrics.upstream_ttft.labels(upstream.name).observe(arrived - self.clock.sent)
+                        metrics.labelled(metrics.upstream_ttft, upstream.name).observe(arrived - self.clock.sent)
                     yield ChoiceEvent(index, event)
                 self.clock.chunks += 1
                 self.clock.chunk_seconds += time.perf_counter() - arrived
@@ -225,7 +225,7 @@ class UpstreamGeneration:
             while chunk is not None:
                 arrived = time.perf_counter()
                 if self.reader.note(chunk, arrived) and self._tokens_seen(arrived):
-                    metrics.upstream_ttft.labels(upstream.name).observe(arrived - self.clock.sent)
+                    metrics.labelled(metrics.upstream_ttft, upstream.name).observe(arrived - self.clock.sent)
                 yield chunk
                 self.clock.chunks += 1
                 self.clock.chunk_seconds += time.perf_counter() - arrived
@@ -257,13 +257,13 @@ class UpstreamGeneration:
         except GatewayError as exc:
             outcome = "error"
             replicas.failed(upstream, exc.message)
-            metrics.upstream_failures.labels(upstream.name, "mid_stream").inc()
-            metrics.upstream_up.labels(upstream.name).set(0)
+            metrics.labelled(metrics.upstream_failures, upstream.name, "mid_stream").inc()
+            metrics.labelled(metrics.upstream_up, upstream.name).set(0)
             raise
         finally:
-            metrics.upstream_requests.labels(upstream.name, outcome).inc()
+            metrics.labelled(metrics.upstream_requests, upstream.name, outcome).inc()
             if self.clock.chunks:  # once a request: its mean (a histogram observed per chunk cost 3 % of a chunk)
-                metrics.upstream_gateway_chunk.labels(upstream.name).observe(
+                metrics.labelled(metrics.upstream_gateway_chunk, upstream.name).observe(
                     self.clock.chunk_seconds / self.clock.chunks
                 )
             if outcome == "ok":
@@ -295,7 +295,7 @@ class UpstreamGeneration:
         """The inter-token histogram gets this stream's gaps once it is over: observed per token, its lock and bucket
         search ran on every token's path while the upstream, on the same cores, computed the next one."""
         if self._gaps:
-            histogram = metrics.upstream_itl.labels(upstream.name)
+            histogram = metrics.labelled(metrics.upstream_itl, upstream.name)
             for gap in self._gaps:
                 histogram.observe(gap)
             self._gaps.clear()
@@ -422,5 +422,7 @@ async def generate(
         generation.close()
         raise
     assert generation.upstream is not None
-    metrics.upstream_gateway_request.labels(generation.upstream.name).observe(generation.clock.sent - arrived)
+    metrics.labelled(metrics.upstream_gateway_request, generation.upstream.name).observe(
+        generation.clock.sent - arrived
+    )
     return generation

@@ -96,5 +96,5 @@ def _record(upstream: Upstream, ok: bool, why: str, ms: float) -> None:
                 settings.ROUNDTRIP_UPSTREAM_COOLDOWN,
             )
         replicas.failed(upstream, why)
-        metrics.upstream_failures.labels(upstream.name, "probe").inc()
-    metrics.upstream_up.labels(upstream.name).set(1 if ok else 0)
+        metrics.labelled(metrics.upstream_failures, upstream.name, "probe").inc()
+    metrics.labelled(metrics.upstream_up, upstream.name).set(1 if ok else 0)
