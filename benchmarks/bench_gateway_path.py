@@ -8,7 +8,9 @@ one request to the next: a change of half a millisecond in the gateway does not 
 bare ASGI app under uvicorn that streams a three-chunk chat answer the moment it is asked, so what the gateway adds
 to the time to the first content byte is its own work (the HTTP server, Django, the key, the body, limits, route,
 the upstream request, the first chunk's way back), measured to a few hundredths of a millisecond. The client is a
-blocking socket (a new connection for every request, as `bench_gateway.py`'s), the same for both. With
+blocking socket (a new connection for every request, as `bench_gateway.py`'s), the same for both, taking the targets
+in turn request by request (a virtual machine's neighbours slow it by the minute); the paired figure is the median of
+each request's difference from the direct one before it. With
 `--baseline-root` another checkout's gateway is measured in the same rounds.
 """
 
@@ -129,14 +131,20 @@ def main() -> None:
             found: dict[str, list[float]] = {name: [] for name in targets}
             for target, model in targets.values():
                 first_byte_ms(target, model, 30)  # warm-up: connections, caches; not counted
-            for _ in range(args.rounds):
+            for _ in range(args.rounds * args.requests):  # request by request, so drift in the machine hits all alike
                 for name, (target, model) in targets.items():
-                    found[name] += first_byte_ms(target, model, args.requests)
+                    found[name] += first_byte_ms(target, model, 1)
     direct = statistics.median(found["direct"])
     print(f"\ntime to the first content byte, p50 of {args.requests * args.rounds} requests (ms)")
     for name, times in found.items():
-        added = "" if name == "direct" else f"  added {statistics.median(times) - direct:+.3f} ms"
-        print(f"  {name:<10} {statistics.median(times):7.3f}{added}")
+        if name == "direct":
+            print(f"  {name:<10} {direct:7.3f}")
+            continue
+        pairs = statistics.median(t - d for t, d in zip(times, found["direct"], strict=True))
+        print(
+            f"  {name:<10} {statistics.median(times):7.3f}  added {statistics.median(times) - direct:+.3f} ms, "
+            f"paired {pairs:+.3f} ms"
+        )
 
 
 if __name__ == "__main__":
