@@ -1,6 +1,6 @@
 """Soak: mixed API and WebSocket load on a running site for a fixed time, watching memory and the usage log.
 
-Starts the embedded default (one Daphne process holding the worker, SQLite) on loopback with the
+Starts the embedded default (one web process holding the worker, SQLite) on loopback with the
 tiny test model (or `--model default` for the real one), then keeps `--api` HTTP clients (streamed
 and whole answers, a fifth of them leaving mid-stream) and `--ws` page clients (chat turns over
 the pipeline socket) busy: first until the prefix cache holds its budget (its designed growth, which

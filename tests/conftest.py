@@ -1,5 +1,5 @@
 """Shared fixtures: tiny GGUF models the tests write themselves, the real default model, and a live
-Daphne server (`manage.py serve` in a subprocess) that shares its SQLite file with the tests.
+server (`manage.py serve`, uvicorn, in a subprocess) that shares its SQLite file with the tests.
 
 The server runs two models: `tiny` (a GGUF the tests write, fast) and the real
 SmolLM2-135M-Instruct. Tests that talk to it use `django_db(transaction=True)` so that
@@ -117,7 +117,7 @@ HARDWARE: dict[str, tuple[Callable[[], bool], str]] = {
 _absent_hardware: list[tuple[str, str]] = []
 
 
-LIVE_FIXTURES = {"daphne_server", "browser"}  # a test that uses one runs against a real server process (and a browser)
+LIVE_FIXTURES = {"site_server", "browser"}  # a test that uses one runs against a real server process (and a browser)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -213,7 +213,7 @@ def _prices(model: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="session")
-def daphne_server(
+def site_server(
     django_db_setup: None, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     port = free_port()

@@ -30,7 +30,7 @@ QUESTIONS = {
     "merges": merges,
     "compare": compare,
 }
-MAX_BATCH_BYTES = 256 * 1024  # frames sent together stay well under Daphne's 1 MiB message limit
+MAX_BATCH_BYTES = 256 * 1024  # frames sent together stay well under the server's 1 MiB message limit
 _json = msgspec.json.Encoder()
 
 
@@ -43,7 +43,7 @@ class FrameConsumer(AsyncWebsocketConsumer):
 
     async def send_frames(self, frames: list[dict[str, Any]]) -> None:
         """Frames in as few messages as fit: JSON arrays of at most `MAX_BATCH_BYTES` (a frame alone goes as itself).
-        Daphne refuses a message past 1 MiB, and a paced second of `full` detail is several."""
+        The server refuses a message past 1 MiB, and a paced second of `full` detail is several."""
         chunk: list[bytes] = []
         size = 0
         for frame in frames:

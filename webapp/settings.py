@@ -1,7 +1,7 @@
 """Roundtrip's settings. Every value can come from the environment; the defaults run on one machine.
 
 Default set-up: SQLite, the in-memory channel layer, the local-memory cache and the
-inference worker inside the Daphne process. Set REDIS_URL (channel layer and cache on
+inference worker inside the web server process. Set REDIS_URL (channel layer and cache on
 Redis, workers as their own processes) and DATABASE_URL (PostgreSQL) to grow.
 """
 

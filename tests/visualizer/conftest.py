@@ -29,7 +29,7 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 
 @pytest.fixture(scope="module")
-def browser(daphne_server: Any) -> Iterator[Any]:
+def browser(site_server: Any) -> Iterator[Any]:
     """Started after the live server (and its database), since Playwright's sync API runs an event loop; one per
     module, so the loop (and what it needs) ends with the browser tests.
 
@@ -39,19 +39,19 @@ def browser(daphne_server: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
-def page(browser: Any, daphne_server: Any) -> Iterator[Any]:
+def page(browser: Any, site_server: Any) -> Iterator[Any]:
     """The chat page as the pipeline tests use it (`STUDENT`)."""
-    context, page, errors = open_page(browser, daphne_server.url, STUDENT)
+    context, page, errors = open_page(browser, site_server.url, STUDENT)
     yield page
     context.close()
     assert errors == [], f"JavaScript errors or Content-Security-Policy violations on the page: {errors}"
 
 
 @pytest.fixture
-def chat_page(browser: Any, daphne_server: Any) -> Iterator[Any]:
+def chat_page(browser: Any, site_server: Any) -> Iterator[Any]:
     """The chat page as a new visitor first sees it (the pipeline folded, answers rendered, the chat sampling), with
     the clipboard allowed."""
-    context, page, errors = open_page(browser, daphne_server.url, {}, permissions=["clipboard-read", "clipboard-write"])
+    context, page, errors = open_page(browser, site_server.url, {}, permissions=["clipboard-read", "clipboard-write"])
     yield page
     context.close()
     assert errors == [], f"JavaScript errors or Content-Security-Policy violations on the page: {errors}"

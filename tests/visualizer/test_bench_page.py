@@ -18,12 +18,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def bench(browser: Any, daphne_server: Any) -> Iterator[Any]:
+def bench(browser: Any, site_server: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True, bypass_csp=True)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(daphne_server.url + "/bench/")
+    page.goto(site_server.url + "/bench/")
     yield page
     context.close()
     assert errors == [], f"JavaScript errors on the page: {errors}"
@@ -39,7 +39,7 @@ def run(page: Any, runs: int, model: str = "tiny", max_tokens: int = 8) -> None:
 
 
 def test_the_page_measures_streams_in_the_browser_and_agrees_with_the_usage_log(
-    bench: Any, daphne_server: Any, screenshot: Any
+    bench: Any, site_server: Any, screenshot: Any
 ) -> None:
     run(bench, runs=3)
     assert bench.inner_text('#summary td[data-col="ok"]') == "3/3"
@@ -65,7 +65,7 @@ def test_the_page_measures_streams_in_the_browser_and_agrees_with_the_usage_log(
 
 
 def test_a_saved_result_opens_read_only_at_its_link_and_exports(
-    bench: Any, daphne_server: Any, browser: Any, screenshot: Any
+    bench: Any, site_server: Any, browser: Any, screenshot: Any
 ) -> None:
     run(bench, runs=2)
     live_ttft = bench.inner_text('#summary td[data-col="ttft"]')
@@ -89,7 +89,7 @@ def test_a_saved_result_opens_read_only_at_its_link_and_exports(
     assert json.loads(Path(exported.value.path()).read_text())["lanes"][0]["runs"][0]["tokens"] == 8
 
 
-def test_two_saved_results_compare_side_by_side(bench: Any, daphne_server: Any) -> None:
+def test_two_saved_results_compare_side_by_side(bench: Any, site_server: Any) -> None:
     for _ in range(2):
         run(bench, runs=1)
         bench.click("#save")

@@ -87,7 +87,7 @@ WATCH_VIOLATIONS = (
 
 
 def test_markup_from_the_model_or_the_visitor_stays_inert_under_the_enforced_policy(
-    chat_page: Any, browser: Any, daphne_server: Any, tmp_path: Path, screenshot: Any
+    chat_page: Any, browser: Any, site_server: Any, tmp_path: Path, screenshot: Any
 ) -> None:
     """A model's answer with HTML and script in it (a recording whose text is replaced, then imported and replayed),
     and the same text typed as a message: nothing runs, nothing loads, the page's own elements keep their ids, and
@@ -111,7 +111,7 @@ def test_markup_from_the_model_or_the_visitor_stays_inert_under_the_enforced_pol
     page.on("console", lambda m: problems.append(m.text) if "Content Security Policy" in m.text else None)
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     try:
-        page.goto(daphne_server.url + "/")
+        page.goto(site_server.url + "/")
         page.locator(".status.connected").wait_for(timeout=15000)
         page.click("#recording summary")
         page.set_input_files("#import-run", str(hostile))
@@ -286,9 +286,9 @@ def test_the_folded_pipeline_keeps_all_eight_clocks_live_and_opens_at_a_stage(ch
 
 
 def test_on_a_phone_the_message_box_is_in_the_first_screen_and_nothing_scrolls_sideways(
-    browser: Any, daphne_server: Any, screenshot: Any
+    browser: Any, site_server: Any, screenshot: Any
 ) -> None:
-    context, page, errors = open_page(browser, daphne_server.url, {}, viewport={"width": 390, "height": 844})
+    context, page, errors = open_page(browser, site_server.url, {}, viewport={"width": 390, "height": 844})
     try:
         box = page.locator("#prompt").bounding_box()
         assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 844

@@ -1,4 +1,4 @@
-"""The chat page and its live pipeline in real headless Chromium, against a real Daphne server and model."""
+"""The chat page and its live pipeline in real headless Chromium, against a real server and model."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ STAGES = ["request", "gateway", "tokens", "context", "forward", "sampling", "str
 
 
 def test_the_seed_question_streams_and_fills_every_stage_with_real_values(
-    page: Any, daphne_server: Any, make_key: Any, screenshot: Any
+    page: Any, site_server: Any, make_key: Any, screenshot: Any
 ) -> None:
     ask(page, "What's the capital of India?", level="full")
     page.wait_for_function(
@@ -49,7 +49,7 @@ def test_the_seed_question_streams_and_fills_every_stage_with_real_values(
         int(i) for i in page.locator("#stage-tokens .chip").evaluate_all("nodes => nodes.map(n => n.dataset.id)")
     ]
     r = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "text": "What's the capital of India?"},
         headers={"Authorization": f"Bearer {make_key()}"},
     )
@@ -481,8 +481,8 @@ def test_the_loop_strip_grows_a_row_per_token_and_the_context_shows_positions(
     screenshot(page.locator("#stage-context"), "context-positions")
 
 
-def test_every_number_is_text_and_the_keyboard_reaches_tokens_and_stages(page: Any, daphne_server: Any) -> None:
-    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=daphne_server.url)
+def test_every_number_is_text_and_the_keyboard_reaches_tokens_and_stages(page: Any, site_server: Any) -> None:
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=site_server.url)
     ask(page, "What's the capital of India?")
     wait_done(page)
     # token ids are text: selectable, copyable, read aloud
@@ -598,14 +598,14 @@ def test_the_page_reconnects_after_the_server_drops_the_socket(
         stop([server])
 
 
-def test_an_unanswered_health_check_leaves_the_loading_box_to_the_socket_line(browser: Any, daphne_server: Any) -> None:
+def test_an_unanswered_health_check_leaves_the_loading_box_to_the_socket_line(browser: Any, site_server: Any) -> None:
     """The page's first /health poll can still be in flight when the server goes away; that is the socket status
     line's news ("reconnecting"), not a model that is loading."""
     context = browser.new_context(bypass_csp=True)
     page = context.new_page()
     try:
         page.route("**/health", lambda route: route.abort())
-        page.goto(daphne_server.url + "/")
+        page.goto(site_server.url + "/")
         page.wait_for_selector(".status.connected", timeout=15000)
         page.wait_for_timeout(1000)  # two polls
         assert not page.is_visible("#model-loading"), page.inner_text("#model-loading")
@@ -630,21 +630,21 @@ def test_tokens_faster_than_the_page_draws_are_never_lost(page: Any) -> None:
     assert page.locator('#stage-stream [data-field="frames"] li').count() == min(40, shown)
 
 
-def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_key: Any, screenshot: Any) -> None:
+def test_staff_watch_api_requests_live(browser: Any, site_server: Any, make_key: Any, screenshot: Any) -> None:
     from django.contrib.auth.models import User
 
     User.objects.create_superuser("boss", "boss@example.com", "a-long-password-1")
     context = browser.new_context(bypass_csp=True)
     page = context.new_page()
     try:
-        page.goto(daphne_server.url + "/admin/login/?next=/watch/")
+        page.goto(site_server.url + "/admin/login/?next=/watch/")
         page.fill("#id_username", "boss")
         page.fill("#id_password", "a-long-password-1")
         page.click("input[type=submit]")
         page.wait_for_selector(".status.connected", timeout=15000)
         page.wait_for_timeout(300)
         reply = httpx.post(
-            f"{daphne_server.api}/chat/completions",
+            f"{site_server.api}/chat/completions",
             headers={"Authorization": f"Bearer {make_key()}"},
             json={
                 "model": "smollm2",
@@ -685,9 +685,9 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         # Responses and Messages traffic: each card names its API; the request stage shows the JSON as it came
         key = make_key()
         asked = {"model": "smollm2", "input": "The capital of France?", "max_output_tokens": 12, "temperature": 0}
-        answered = httpx.post(f"{daphne_server.api}/responses", headers={"Authorization": f"Bearer {key}"}, json=asked)
+        answered = httpx.post(f"{site_server.api}/responses", headers={"Authorization": f"Bearer {key}"}, json=asked)
         message = {"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
-        assert httpx.post(f"{daphne_server.api}/messages", headers={"x-api-key": key}, json=message).status_code == 200
+        assert httpx.post(f"{site_server.api}/messages", headers={"x-api-key": key}, json=message).status_code == 200
         page.wait_for_function("document.querySelectorAll('#watch .watch-card').length >= 3", timeout=15000)
         assert page.locator("#watch .watch-card h3 .api-name").all_inner_texts()[:3] == [
             "Anthropic Messages",
@@ -715,8 +715,8 @@ def test_staff_watch_api_requests_live(browser: Any, daphne_server: Any, make_ke
         context.close()
 
 
-def test_the_watch_page_is_for_staff_only(page: Any, daphne_server: Any) -> None:
-    page.goto(daphne_server.url + "/watch/")
+def test_the_watch_page_is_for_staff_only(page: Any, site_server: Any) -> None:
+    page.goto(site_server.url + "/watch/")
     assert "/admin/login/" in page.url
 
 
@@ -764,7 +764,7 @@ def test_a_second_turn_shows_the_positions_the_prefix_cache_supplied(page: Any, 
 
 
 def test_a_full_batch_makes_the_page_say_it_waits_and_then_it_runs(
-    page: Any, daphne_server: Any, make_key: Any, screenshot: Any
+    page: Any, site_server: Any, make_key: Any, screenshot: Any
 ) -> None:
     """The test server decodes 4 sequences at once: with 4 long API streams running, a page turn waits its turn."""
     import threading
@@ -782,7 +782,7 @@ def test_a_full_batch_makes_the_page_say_it_waits_and_then_it_runs(
         }
         with httpx.stream(
             "POST",
-            f"{daphne_server.api}/chat/completions",
+            f"{site_server.api}/chat/completions",
             json=body,
             headers={"Authorization": f"Bearer {key}"},
             timeout=120,
@@ -822,7 +822,7 @@ def test_a_json_answer_shows_the_tokens_the_grammar_cut(page: Any, screenshot: A
     screenshot(page.locator("#stage-sampling"), "sampling-grammar")
 
 
-def test_the_page_runs_under_its_content_security_policy(browser: Any, daphne_server: Any) -> None:
+def test_the_page_runs_under_its_content_security_policy(browser: Any, site_server: Any) -> None:
     """The policy enforced (no bypass): the page connects, answers and draws its charts, with no violation reported.
     Waits use locators only (Playwright's string predicates would need eval)."""
     context = browser.new_context()
@@ -833,14 +833,14 @@ def test_the_page_runs_under_its_content_security_policy(browser: Any, daphne_se
         "console", lambda message: problems.append(message.text) if "Content Security Policy" in message.text else None
     )
     try:
-        response = page.goto(daphne_server.url + "/")
+        response = page.goto(site_server.url + "/")
         assert response is not None and "script-src 'self'" in response.headers["content-security-policy"]
         page.locator(".status.connected").wait_for(timeout=15000)
         page.check("#greedy")
         ask(page, "What's the capital of India?")
         page.locator(".bubble.assistant .answer", has_text="New Delhi").wait_for(timeout=60000)
         page.locator("#send:not([disabled])").wait_for(timeout=60000)
-        page.goto(daphne_server.url + "/bench/")
+        page.goto(site_server.url + "/bench/")
         page.locator("body").wait_for()
     finally:
         context.close()

@@ -127,7 +127,7 @@ def test_after_a_run_the_token_stages_open_on_the_first_token_and_move_together(
 
 
 def test_the_forward_pass_reads_plainly_first_with_every_term_defined(
-    chat_page: Any, screenshot: Any, browser: Any, daphne_server: Any
+    chat_page: Any, screenshot: Any, browser: Any, site_server: Any
 ) -> None:
     page = chat_page
     page.click("#pipeline-toggle")
@@ -155,7 +155,7 @@ def test_the_forward_pass_reads_plainly_first_with_every_term_defined(
 
 
 def test_the_api_request_and_its_sse_bytes_are_what_the_api_sends(
-    page: Any, daphne_server: Any, make_key: Any, screenshot: Any
+    page: Any, site_server: Any, make_key: Any, screenshot: Any
 ) -> None:
     ask(page, QUESTION)
     wait_done(page)
@@ -171,7 +171,7 @@ def test_the_api_request_and_its_sse_bytes_are_what_the_api_sends(
     screenshot(page.locator("#stage-request"), "request-api")
     # the same request through the real API: the same events, but for their ids and clocks
     headers = {"Authorization": f"Bearer {make_key()}"}
-    api = httpx.post(f"{daphne_server.api}/chat/completions", json=request, headers=headers, timeout=60).text
+    api = httpx.post(f"{site_server.api}/chat/completions", json=request, headers=headers, timeout=60).text
 
     def events(text: str) -> list[Any]:
         lines = [line for line in text.split("\n\n") if line]
@@ -216,7 +216,7 @@ def test_the_cost_is_the_tokens_at_the_models_prices(page: Any, screenshot: Any)
 
 
 def test_bpe_builds_capital_from_its_bytes_into_the_tokenizers_ids(
-    page: Any, daphne_server: Any, make_key: Any, screenshot: Any
+    page: Any, site_server: Any, make_key: Any, screenshot: Any
 ) -> None:
     ask(page, QUESTION)
     wait_done(page)
@@ -230,7 +230,7 @@ def test_bpe_builds_capital_from_its_bytes_into_the_tokenizers_ids(
             f"document.querySelector('#stage-tokens .bpe-end')?.parentElement.textContent.includes('{text.strip()}')"
         )
         ids = httpx.post(
-            f"{daphne_server.api}/tokenize",
+            f"{site_server.api}/tokenize",
             json={"model": "smollm2", "text": text},
             headers={"Authorization": f"Bearer {make_key()}"},
         ).json()["ids"]

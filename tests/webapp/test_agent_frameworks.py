@@ -21,9 +21,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SYSTEM = "You are a helpful assistant."
 
 
-def test_an_agents_sdk_agent_runs_a_function_tool_to_a_final_answer(daphne_server: Any, make_key: Any) -> None:
+def test_an_agents_sdk_agent_runs_a_function_tool_to_a_final_answer(site_server: Any, make_key: Any) -> None:
     set_tracing_disabled(True)  # traces would go to OpenAI's servers
-    client = AsyncOpenAI(base_url=daphne_server.api, api_key=make_key(), max_retries=0, timeout=120)
+    client = AsyncOpenAI(base_url=site_server.api, api_key=make_key(), max_retries=0, timeout=120)
     set_default_openai_client(client, use_for_tracing=False)
     asked: list[str] = []
 
@@ -47,11 +47,11 @@ def test_an_agents_sdk_agent_runs_a_function_tool_to_a_final_answer(daphne_serve
 
 
 def test_langchain_chat_openai_on_the_responses_api_answers_streams_and_calls_tools(
-    daphne_server: Any, make_key: Any
+    site_server: Any, make_key: Any
 ) -> None:
     llm = ChatOpenAI(
         model="smollm2",
-        base_url=daphne_server.api,
+        base_url=site_server.api,
         api_key=make_key(),  # type: ignore[arg-type]
         use_responses_api=True,
         temperature=0,

@@ -21,16 +21,16 @@ WEATHER = {"type": "function", "function": {**GET_WEATHER, "parameters": OPEN_CI
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 
 
-def sdk(daphne_server: Any, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=daphne_server.api, api_key=key, max_retries=0, timeout=120)
+def sdk(site_server: Any, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=site_server.api, api_key=key, max_retries=0, timeout=120)
 
 
 @pytest.mark.parametrize(("parallel", "most"), [(None, 1), (False, 1), (True, MAX_PARALLEL_CALLS)])
 def test_required_tool_calls_end_within_a_bounded_number_of_calls(
-    daphne_server: Any, make_key: Any, parallel: bool | None, most: int
+    site_server: Any, make_key: Any, parallel: bool | None, most: int
 ) -> None:
     """SmolLM2, sampled hot, wrote calls until max_tokens when the grammar let it: now it ends with `tool_calls`."""
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
     extra = {} if parallel is None else {"parallel_tool_calls": parallel}
     for seed in range(3):
         reply = client.chat.completions.create(
@@ -48,8 +48,8 @@ def test_required_tool_calls_end_within_a_bounded_number_of_calls(
         assert 1 <= len(choice.message.tool_calls or []) <= most and not choice.message.content
 
 
-def test_streamed_tool_calls_carry_exactly_what_the_whole_answer_carries(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_streamed_tool_calls_carry_exactly_what_the_whole_answer_carries(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     asked: dict[str, Any] = {
         "model": "smollm2",
         "messages": ASK,
@@ -76,8 +76,8 @@ def test_streamed_tool_calls_carry_exactly_what_the_whole_answer_carries(daphne_
     ]
 
 
-def test_a_call_cut_by_max_tokens_is_reported_with_the_arguments_it_has(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_call_cut_by_max_tokens_is_reported_with_the_arguments_it_has(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     asked: dict[str, Any] = {"model": "smollm2", "messages": ASK, "tools": [WEATHER], "tool_choice": "required"}
     full = client.chat.completions.create(**asked, max_tokens=60, temperature=0)
     arguments = full.choices[0].message.tool_calls[0].function.arguments  # type: ignore[index,union-attr]
@@ -107,11 +107,11 @@ def _tokens_with(*characters: str) -> dict[str, int]:
     ],
 )
 def test_a_string_or_list_the_model_would_never_close_is_closed_at_its_bound(
-    daphne_server: Any, make_key: Any, schema: dict[str, Any], shunned: str, bound: Any
+    site_server: Any, make_key: Any, schema: dict[str, Any], shunned: str, bound: Any
 ) -> None:
     """Every token that could close it is pushed down by -100: only the grammar's bound ends it, and the object
     (whose only property it is) closes after it."""
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
     answer = {"type": "object", "properties": {"value": schema}, "required": ["value"]}
     reply = client.chat.completions.create(
         model="smollm2",
@@ -129,8 +129,8 @@ def test_a_string_or_list_the_model_would_never_close_is_closed_at_its_bound(
 @pytest.mark.parametrize(
     "prompt", ["Give me a JSON object with a person's name and age.", "Return the weather in Paris."]
 )
-def test_json_object_answers_close(daphne_server: Any, make_key: Any, prompt: str) -> None:
-    client = sdk(daphne_server, make_key())
+def test_json_object_answers_close(site_server: Any, make_key: Any, prompt: str) -> None:
+    client = sdk(site_server, make_key())
     reply = client.chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": prompt}],

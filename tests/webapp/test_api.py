@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API on a live Daphne server, driven by the official openai SDK and raw HTTP."""
+"""The OpenAI-compatible API on a live server (`manage.py serve`), driven by the official openai SDK and raw HTTP."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ SEED_QUESTION = [
 HI = [{"role": "user", "content": "the heat is on"}]
 
 
-def sdk(daphne_server: Any, key: str) -> OpenAI:
-    return OpenAI(base_url=daphne_server.api, api_key=key, max_retries=0, timeout=120)
+def sdk(site_server: Any, key: str) -> OpenAI:
+    return OpenAI(base_url=site_server.api, api_key=key, max_retries=0, timeout=120)
 
 
 def _usage(request_id: str, timeout: float = 10.0) -> UsageRecord:
@@ -42,11 +42,9 @@ def _usage(request_id: str, timeout: float = 10.0) -> UsageRecord:
     raise AssertionError(f"no usage row for {request_id}")
 
 
-def test_the_seed_question_through_the_sdk(daphne_server: Any, make_key: Any) -> None:
+def test_the_seed_question_through_the_sdk(site_server: Any, make_key: Any) -> None:
     # type: ignore[arg-type]
-    reply = sdk(daphne_server, make_key()).chat.completions.create(
-        model="smollm2", messages=SEED_QUESTION, temperature=0
-    )
+    reply = sdk(site_server, make_key()).chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0)
     assert reply.choices[0].message.content == "The capital of India is New Delhi."
     assert reply.choices[0].finish_reason == "stop"
     assert reply.model == "smollm2-135m-instruct" and reply.object == "chat.completion"
@@ -58,8 +56,8 @@ def test_the_seed_question_through_the_sdk(daphne_server: Any, make_key: Any) ->
     assert row.prompt_text == ""  # not stored unless ROUNDTRIP_STORE_PROMPTS
 
 
-def test_streaming_text_equals_the_non_streamed_answer(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_streaming_text_equals_the_non_streamed_answer(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     # type: ignore[arg-type]
     stream = client.chat.completions.create(
         model="smollm2", messages=SEED_QUESTION, temperature=0, stream=True, stream_options={"include_usage": True}
@@ -73,9 +71,9 @@ def test_streaming_text_equals_the_non_streamed_answer(daphne_server: Any, make_
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 36
 
 
-def test_logprobs_and_top_logprobs(daphne_server: Any, make_key: Any) -> None:
+def test_logprobs_and_top_logprobs(site_server: Any, make_key: Any) -> None:
     # type: ignore[arg-type]
-    reply = sdk(daphne_server, make_key()).chat.completions.create(
+    reply = sdk(site_server, make_key()).chat.completions.create(
         model="smollm2", messages=SEED_QUESTION, temperature=0, logprobs=True, top_logprobs=3
     )
     content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
@@ -86,8 +84,8 @@ def test_logprobs_and_top_logprobs(daphne_server: Any, make_key: Any) -> None:
         assert token.logprob <= 0 and bytes(token.bytes or []).decode() == token.token
 
 
-def test_a_seed_reproduces_a_sampled_answer(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_seed_reproduces_a_sampled_answer(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
 
     def ask(seed: int) -> str:
         reply = client.chat.completions.create(model="tiny", messages=HI, temperature=1.0, seed=seed, max_tokens=30)  # type: ignore[arg-type]
@@ -96,16 +94,16 @@ def test_a_seed_reproduces_a_sampled_answer(daphne_server: Any, make_key: Any) -
     assert ask(11) == ask(11) != ask(12)
 
 
-def test_a_stop_string_ends_the_answer_before_it(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_stop_string_ends_the_answer_before_it(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     reply = client.chat.completions.create(model="smollm2", messages=SEED_QUESTION, temperature=0, stop=["Delhi"])  # type: ignore[arg-type]
     assert reply.choices[0].message.content == "The capital of India is New "
     assert reply.choices[0].finish_reason == "stop"
 
 
-def test_max_tokens_ends_with_length(daphne_server: Any, make_key: Any) -> None:
+def test_max_tokens_ends_with_length(site_server: Any, make_key: Any) -> None:
     # ignore_eos: the tiny random model may otherwise sample an end-of-turn token within 5 tokens (a stop, not a length)
-    reply = sdk(daphne_server, make_key()).chat.completions.create(
+    reply = sdk(site_server, make_key()).chat.completions.create(
         model="tiny",
         messages=HI,
         max_completion_tokens=5,  # type: ignore[arg-type]
@@ -114,8 +112,8 @@ def test_max_tokens_ends_with_length(daphne_server: Any, make_key: Any) -> None:
     assert reply.choices[0].finish_reason == "length" and reply.usage is not None and reply.usage.completion_tokens == 5
 
 
-def test_models_lists_ids_and_load_status(daphne_server: Any, make_key: Any) -> None:
-    models = sdk(daphne_server, make_key()).models.list().data
+def test_models_lists_ids_and_load_status(site_server: Any, make_key: Any) -> None:
+    models = sdk(site_server, make_key()).models.list().data
     assert [m.id for m in models] == ["tiny", "smollm2-135m-instruct"]
     status = (models[1].model_extra or {})["status"]
     assert status["state"] == "ready"
@@ -123,9 +121,9 @@ def test_models_lists_ids_and_load_status(daphne_server: Any, make_key: Any) -> 
     assert status["weights"].startswith("fp32") and status["weights"].endswith(" MB")
 
 
-def test_tokenize_matches_llama_cpp(daphne_server: Any, make_key: Any) -> None:
+def test_tokenize_matches_llama_cpp(site_server: Any, make_key: Any) -> None:
     r = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "text": "What's the capital of India?"},
         headers={"Authorization": f"Bearer {make_key()}"},
     )
@@ -134,7 +132,7 @@ def test_tokenize_matches_llama_cpp(daphne_server: Any, make_key: Any) -> None:
     assert r.json()["tokens"][3] == " capital"
 
 
-def test_the_exact_sse_bytes(daphne_server: Any, make_key: Any) -> None:
+def test_the_exact_sse_bytes(site_server: Any, make_key: Any) -> None:
     body = {
         "model": "tiny",
         "messages": HI,
@@ -145,7 +143,7 @@ def test_the_exact_sse_bytes(daphne_server: Any, make_key: Any) -> None:
     }
     with httpx.stream(
         "POST",
-        f"{daphne_server.api}/chat/completions",
+        f"{site_server.api}/chat/completions",
         json=body,
         headers={"Authorization": f"Bearer {make_key()}"},
         timeout=60,
@@ -176,17 +174,17 @@ def test_the_exact_sse_bytes(daphne_server: Any, make_key: Any) -> None:
     ],
 )
 def test_bad_requests_raise_the_sdks_matching_error(
-    daphne_server: Any, make_key: Any, request_kwargs: dict[str, Any], exception: type, code: str | None
+    site_server: Any, make_key: Any, request_kwargs: dict[str, Any], exception: type, code: str | None
 ) -> None:
     kwargs: dict[str, Any] = {"messages": HI, **request_kwargs}
     with pytest.raises(exception) as info:
-        sdk(daphne_server, make_key()).chat.completions.create(**kwargs)
+        sdk(site_server, make_key()).chat.completions.create(**kwargs)
     assert info.value.body["message"]  # type: ignore[attr-defined]
     if code:
         assert info.value.code == code  # type: ignore[attr-defined]
 
 
-def test_keys_that_cannot_be_used_get_401(daphne_server: Any, make_key: Any) -> None:
+def test_keys_that_cannot_be_used_get_401(site_server: Any, make_key: Any) -> None:
     revoked, expired = (
         make_key(name="revoked"),
         make_key(name="expired", expires_at=timezone.now() - timedelta(seconds=1)),
@@ -194,25 +192,25 @@ def test_keys_that_cannot_be_used_get_401(daphne_server: Any, make_key: Any) -> 
     ApiKey.objects.get(name="revoked").revoke()
     for key, words in [("rt-unknown", "Incorrect API key"), (revoked, "revoked"), (expired, "expired")]:
         with pytest.raises(openai.AuthenticationError, match=words):
-            sdk(daphne_server, key).chat.completions.create(model="tiny", messages=HI)  # type: ignore[arg-type]
-    r = httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI})
+            sdk(site_server, key).chat.completions.create(model="tiny", messages=HI)  # type: ignore[arg-type]
+    r = httpx.post(f"{site_server.api}/chat/completions", json={"model": "tiny", "messages": HI})
     assert r.status_code == 401 and "didn't provide an API key" in r.json()["error"]["message"]
 
 
-def test_a_key_limited_to_some_models_gets_403_for_others(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key(allowed_models=["tiny"]))
+def test_a_key_limited_to_some_models_gets_403_for_others(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key(allowed_models=["tiny"]))
     client.chat.completions.create(model="tiny", messages=HI, max_tokens=2)  # type: ignore[arg-type]
     with pytest.raises(openai.PermissionDeniedError):
         client.chat.completions.create(model="smollm2", messages=HI)  # type: ignore[arg-type]
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
 
-def test_rate_limits_hold_exactly_under_parallel_requests(daphne_server: Any, make_key: Any) -> None:
+def test_rate_limits_hold_exactly_under_parallel_requests(site_server: Any, make_key: Any) -> None:
     key = make_key(requests_per_minute=5)
 
     def call(_: int) -> httpx.Response:
         return httpx.post(
-            f"{daphne_server.api}/chat/completions",
+            f"{site_server.api}/chat/completions",
             json={"model": "tiny", "messages": HI, "max_tokens": 2},
             headers={"Authorization": f"Bearer {key}"},
             timeout=60,
@@ -234,32 +232,32 @@ def test_rate_limits_hold_exactly_under_parallel_requests(daphne_server: Any, ma
     assert ok.headers["x-ratelimit-limit-requests"] == "5"
 
 
-def test_a_spent_token_budget_gets_429_insufficient_quota(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key(token_budget=10))
+def test_a_spent_token_budget_gets_429_insufficient_quota(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key(token_budget=10))
     client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
     assert info.value.code == "insufficient_quota"
 
 
-def test_the_usage_row_bills_the_tokens_at_the_models_prices(daphne_server: Any, make_key: Any) -> None:
-    reply = sdk(daphne_server, make_key()).chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
+def test_the_usage_row_bills_the_tokens_at_the_models_prices(site_server: Any, make_key: Any) -> None:
+    reply = sdk(site_server, make_key()).chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
     row = _usage(reply.id)
     per_input, per_output = PRICES["tiny"]
     expected = (row.prompt_tokens * per_input + row.completion_tokens * per_output) / 1e6
     assert row.completion_tokens == 3 and row.cost_usd == pytest.approx(expected, rel=1e-12) and expected > 0
 
 
-def test_a_spent_dollar_budget_gets_429_insufficient_quota(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key(spend_budget=0.00001))  # tiny: $2 / $8 per million, so about 5 tokens
+def test_a_spent_dollar_budget_gets_429_insufficient_quota(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key(spend_budget=0.00001))  # tiny: $2 / $8 per million, so about 5 tokens
     client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(model="tiny", messages=HI, max_tokens=3)  # type: ignore[arg-type]
     assert info.value.code == "insufficient_quota" and "Spend budget exhausted: $1e-05 per day" in str(info.value)
 
 
-def test_many_streams_at_once_all_get_their_own_answer(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_many_streams_at_once_all_get_their_own_answer(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
 
     def ask(seed: int, stream: bool) -> str:
         kwargs: dict[str, Any] = {"model": "tiny", "messages": HI, "temperature": 1.0, "seed": seed, "max_tokens": 60}
@@ -275,13 +273,13 @@ def test_many_streams_at_once_all_get_their_own_answer(daphne_server: Any, make_
     assert got == expected
 
 
-def test_overload_gets_503_with_retry_after(daphne_server: Any, make_key: Any) -> None:
+def test_overload_gets_503_with_retry_after(site_server: Any, make_key: Any) -> None:
     key = make_key()
 
     def call(_: int) -> httpx.Response:
         body = {"model": "smollm2", "messages": HI, "max_tokens": 20}  # the real model: slow enough to pile up
         return httpx.post(
-            f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
+            f"{site_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
         )
 
     with ThreadPoolExecutor(16) as pool:
@@ -291,9 +289,7 @@ def test_overload_gets_503_with_retry_after(daphne_server: Any, make_key: Any) -
     assert overloaded[0].json()["error"]["code"] == "overloaded" and int(overloaded[0].headers["retry-after"]) >= 1
 
 
-def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(
-    daphne_server: Any, make_key: Any
-) -> None:
+def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(site_server: Any, make_key: Any) -> None:
     key = make_key(concurrent_streams=1)
     body = {
         "model": "smollm2",
@@ -303,7 +299,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(
     }
     with httpx.stream(
         "POST",
-        f"{daphne_server.api}/chat/completions",
+        f"{site_server.api}/chat/completions",
         json=body,
         headers={"Authorization": f"Bearer {key}"},
         timeout=60,
@@ -317,21 +313,21 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_a_usage_row(
     assert 0 < row.completion_tokens < 400
     # its one concurrent stream is free again (ignore_eos: a sampled end-of-turn cannot end it early)
     # type: ignore[arg-type]
-    reply = sdk(daphne_server, key).chat.completions.create(
+    reply = sdk(site_server, key).chat.completions.create(
         model="tiny", messages=HI, max_tokens=2, extra_body={"ignore_eos": True}
     )
     assert reply.choices[0].finish_reason == "length"
 
 
-def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, make_key: Any) -> None:
+def test_every_request_leaves_a_usage_row_even_when_refused(site_server: Any, make_key: Any) -> None:
     key = make_key()
     before = UsageRecord.objects.count()
     httpx.post(
-        f"{daphne_server.api}/chat/completions",
+        f"{site_server.api}/chat/completions",
         json={"model": "nope", "messages": HI},
         headers={"Authorization": f"Bearer {key}"},
     )
-    httpx.post(f"{daphne_server.api}/chat/completions", json={"model": "tiny", "messages": HI})
+    httpx.post(f"{site_server.api}/chat/completions", json={"model": "tiny", "messages": HI})
     deadline = time.monotonic() + 5
     while UsageRecord.objects.count() < before + 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -399,11 +395,11 @@ def test_every_request_leaves_a_usage_row_even_when_refused(daphne_server: Any, 
     ],
 )
 def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
-    daphne_server: Any, make_key: Any, content: bytes, headers: dict[str, str], status: int, words: str
+    site_server: Any, make_key: Any, content: bytes, headers: dict[str, str], status: int, words: str
 ) -> None:
     key = make_key()
     r = httpx.post(
-        f"{daphne_server.api}/chat/completions",
+        f"{site_server.api}/chat/completions",
         content=content,
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **headers},
         timeout=60,
@@ -413,7 +409,7 @@ def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
     assert words in error["message"] and set(error) == {"message", "type", "param", "code"}
     assert _usage(r.headers["x-request-id"]).status == status  # refused, and still logged
     ok = httpx.post(
-        f"{daphne_server.api}/chat/completions",
+        f"{site_server.api}/chat/completions",
         json={"model": "tiny", "messages": HI, "max_tokens": 1},
         headers={"Authorization": f"Bearer {key}"},
         timeout=60,
@@ -421,36 +417,43 @@ def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(
     assert ok.status_code == 200
 
 
-def test_headers_past_the_transport_limit_get_431_not_a_dropped_connection(daphne_server: Any) -> None:
-    r = httpx.post(f"{daphne_server.api}/chat/completions", json={}, headers={"X-Padding": "a" * 200_000}, timeout=60)
+@pytest.mark.parametrize(
+    "headers",
+    [{"X-Padding": "a" * 200_000}, {f"X-Padding-{i}": "a" * 1000 for i in range(200)}],
+    ids=["one-long-line", "many-lines"],
+)
+def test_headers_past_the_transport_limit_get_431_not_a_dropped_connection(
+    site_server: Any, headers: dict[str, str]
+) -> None:
+    r = httpx.post(f"{site_server.api}/chat/completions", json={}, headers=headers, timeout=60)
     assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
-    assert httpx.get(f"{daphne_server.url}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{site_server.url}/health", timeout=10).status_code == 200
 
 
-def test_the_openapi_description_lists_the_endpoints(daphne_server: Any) -> None:
-    spec = httpx.get(f"{daphne_server.api}/openapi.json").json()
+def test_the_openapi_description_lists_the_endpoints(site_server: Any) -> None:
+    spec = httpx.get(f"{site_server.api}/openapi.json").json()
     assert spec["openapi"].startswith("3.1") and {"/chat/completions", "/models", "/tokenize"} <= set(spec["paths"])
 
 
-def test_wrong_method_is_405(daphne_server: Any, make_key: Any) -> None:
-    r = httpx.get(f"{daphne_server.api}/chat/completions", headers={"Authorization": f"Bearer {make_key()}"})
+def test_wrong_method_is_405(site_server: Any, make_key: Any) -> None:
+    r = httpx.get(f"{site_server.api}/chat/completions", headers={"Authorization": f"Bearer {make_key()}"})
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed" and r.headers["allow"] == "POST"
     assert _usage(r.headers["x-request-id"]).status == 405  # every request leaves a usage row, as the README says
 
 
-def test_listing_models_leaves_a_usage_row(daphne_server: Any, make_key: Any) -> None:
-    r = httpx.get(f"{daphne_server.api}/models", headers={"Authorization": f"Bearer {make_key()}"})
+def test_listing_models_leaves_a_usage_row(site_server: Any, make_key: Any) -> None:
+    r = httpx.get(f"{site_server.api}/models", headers={"Authorization": f"Bearer {make_key()}"})
     assert r.status_code == 200 and _usage(r.headers["x-request-id"]).endpoint == "models"
 
 
 def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(
-    daphne_server: Any, make_key: Any, smollm2_pipeline: Any
+    site_server: Any, make_key: Any, smollm2_pipeline: Any
 ) -> None:
     """~500 tokens of history: the second turn reports cached_tokens as OpenAI does, and answers as a cold run does."""
     from inference.params import SamplingParams
     from inference.trace import Finished
 
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
     history = " ".join(
         f"Note {i}: the {w} lighthouse keeper logs the weather, the ships and the tides."
         for i, w in enumerate(["north", "south", "east", "west"] * 6)
@@ -474,15 +477,15 @@ def test_the_second_turn_of_a_long_conversation_reuses_the_cached_prefix(
     assert finished.cached_tokens == 0 and again.choices[0].message.content == finished.text
 
 
-def test_a_logit_bias_of_minus_100_on_the_greedy_first_token_changes_it(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_logit_bias_of_minus_100_on_the_greedy_first_token_changes_it(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     # type: ignore[arg-type]
     plain = client.chat.completions.create(
         model="smollm2", messages=SEED_QUESTION, temperature=0, max_tokens=3, logprobs=True
     )
     first = plain.choices[0].logprobs.content[0].token  # type: ignore[union-attr,index]
     first_id = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "text": first},
         headers={"Authorization": f"Bearer {make_key()}"},
         timeout=30,
@@ -498,10 +501,10 @@ def test_a_logit_bias_of_minus_100_on_the_greedy_first_token_changes_it(daphne_s
     assert biased.choices[0].logprobs.content[0].token != first  # type: ignore[union-attr,index]
 
 
-def test_tokenize_takes_chat_messages_and_detokenize_round_trips(daphne_server: Any, make_key: Any) -> None:
+def test_tokenize_takes_chat_messages_and_detokenize_round_trips(site_server: Any, make_key: Any) -> None:
     headers = {"Authorization": f"Bearer {make_key()}"}
     templated = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "messages": SEED_QUESTION},
         headers=headers,
         timeout=30,
@@ -509,32 +512,32 @@ def test_tokenize_takes_chat_messages_and_detokenize_round_trips(daphne_server: 
     assert templated["count"] == 27 and templated["prompt"].startswith("<|im_start|>system")
     assert [s["kind"] for s in templated["segments"]].count("message") == 1
     text = httpx.post(
-        f"{daphne_server.api}/detokenize",
+        f"{site_server.api}/detokenize",
         json={"model": "smollm2", "tokens": templated["ids"]},
         headers=headers,
         timeout=30,
     ).json()["text"]
     assert text == templated["prompt"]
     plain = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "text": "What's the capital of India?"},
         headers=headers,
         timeout=30,
     ).json()
     assert plain["ids"] == [1780, 506, 260, 3575, 282, 3089, 47]
     back = httpx.post(
-        f"{daphne_server.api}/detokenize",
+        f"{site_server.api}/detokenize",
         json={"model": "smollm2", "tokens": plain["ids"]},
         headers=headers,
         timeout=30,
     ).json()
     assert back["text"] == "What's the capital of India?"
     bad = httpx.post(
-        f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": [10**8]}, headers=headers, timeout=30
+        f"{site_server.api}/detokenize", json={"model": "smollm2", "tokens": [10**8]}, headers=headers, timeout=30
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     both = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "text": "x", "messages": SEED_QUESTION},
         headers=headers,
         timeout=30,
@@ -542,13 +545,13 @@ def test_tokenize_takes_chat_messages_and_detokenize_round_trips(daphne_server: 
     assert both.status_code == 400
 
 
-def test_a_ten_thousand_message_request_does_not_hold_up_a_normal_chat(daphne_server: Any, make_key: Any) -> None:
+def test_a_ten_thousand_message_request_does_not_hold_up_a_normal_chat(site_server: Any, make_key: Any) -> None:
     key = make_key()
     huge = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}] * 10_000, "max_tokens": 4}
     with ThreadPoolExecutor(1) as pool:
         big = pool.submit(
             httpx.post,
-            f"{daphne_server.api}/chat/completions",
+            f"{site_server.api}/chat/completions",
             json=huge,
             headers={"Authorization": f"Bearer {key}"},
             timeout=120,
@@ -556,7 +559,7 @@ def test_a_ten_thousand_message_request_does_not_hold_up_a_normal_chat(daphne_se
         started = time.perf_counter()
         with httpx.stream(
             "POST",
-            f"{daphne_server.api}/chat/completions",
+            f"{site_server.api}/chat/completions",
             json={"model": "tiny", "messages": HI, "max_tokens": 8, "stream": True},
             headers={"Authorization": f"Bearer {key}"},
             timeout=60,

@@ -39,8 +39,8 @@ TIME_TOOL = {
 }
 
 
-def sdk(daphne_server: Any, key: str) -> OpenAI:
-    return OpenAI(base_url=daphne_server.api, api_key=key, max_retries=0, timeout=120)
+def sdk(site_server: Any, key: str) -> OpenAI:
+    return OpenAI(base_url=site_server.api, api_key=key, max_retries=0, timeout=120)
 
 
 class Address(BaseModel):
@@ -78,9 +78,9 @@ class Fruits(BaseModel):
     ids=["nested object", "enum", "array"],
 )
 def test_parse_returns_a_parsed_object_for_a_pydantic_schema(
-    daphne_server: Any, make_key: Any, schema: type[BaseModel], question: str
+    site_server: Any, make_key: Any, schema: type[BaseModel], question: str
 ) -> None:
-    reply = sdk(daphne_server, make_key()).chat.completions.parse(
+    reply = sdk(site_server, make_key()).chat.completions.parse(
         model="smollm2",
         messages=[{"role": "user", "content": question}],
         response_format=schema,
@@ -93,8 +93,8 @@ def test_parse_returns_a_parsed_object_for_a_pydantic_schema(
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_json_object_always_parses(daphne_server: Any, make_key: Any, seed: int) -> None:
-    reply = sdk(daphne_server, make_key()).chat.completions.create(
+def test_json_object_always_parses(site_server: Any, make_key: Any, seed: int) -> None:
+    reply = sdk(site_server, make_key()).chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": "Give the name and the country of the capital of France, as JSON."}],
         response_format={"type": "json_object"},
@@ -111,8 +111,8 @@ def _valid_weather_arguments(arguments: str) -> None:
     assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("celsius", "fahrenheit")
 
 
-def test_a_named_tool_choice_forces_a_call_with_valid_arguments(daphne_server: Any, make_key: Any) -> None:
-    reply = sdk(daphne_server, make_key()).chat.completions.create(
+def test_a_named_tool_choice_forces_a_call_with_valid_arguments(site_server: Any, make_key: Any) -> None:
+    reply = sdk(site_server, make_key()).chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": "What's the weather like in Paris?"}],
         tools=[WEATHER_TOOL, TIME_TOOL],  # type: ignore[list-item]
@@ -132,8 +132,8 @@ def test_a_named_tool_choice_forces_a_call_with_valid_arguments(daphne_server: A
     _valid_weather_arguments(calls[0].function.arguments)  # type: ignore[union-attr]
 
 
-def test_a_forced_tool_call_streams_as_openai_streams_it(daphne_server: Any, make_key: Any) -> None:
-    stream = sdk(daphne_server, make_key()).chat.completions.create(
+def test_a_forced_tool_call_streams_as_openai_streams_it(site_server: Any, make_key: Any) -> None:
+    stream = sdk(site_server, make_key()).chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": "Weather in Tokyo, please."}],
         tools=[WEATHER_TOOL],  # type: ignore[list-item]
@@ -156,7 +156,7 @@ def test_a_forced_tool_call_streams_as_openai_streams_it(daphne_server: Any, mak
     _valid_weather_arguments("".join(d.function.arguments or "" for d in deltas if d.function))
 
 
-def test_tool_calls_and_results_in_history_are_shown_to_the_model(daphne_server: Any, make_key: Any) -> None:
+def test_tool_calls_and_results_in_history_are_shown_to_the_model(site_server: Any, make_key: Any) -> None:
     messages = [
         {"role": "user", "content": "What's the weather in Paris?"},
         {
@@ -172,14 +172,14 @@ def test_tool_calls_and_results_in_history_are_shown_to_the_model(daphne_server:
         },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "sunny"}'},
     ]
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
     # type: ignore[arg-type,list-item]
     reply = client.chat.completions.create(
         model="smollm2", messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=40
     )
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
     prompt = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "messages": messages, "tools": [WEATHER_TOOL]},
         headers={"Authorization": f"Bearer {make_key()}"},
     ).json()
@@ -192,9 +192,9 @@ def test_tool_calls_and_results_in_history_are_shown_to_the_model(daphne_server:
 
 
 def test_n_choices_are_reproducible_with_a_seed_and_counted_once_for_the_prompt(
-    daphne_server: Any, make_key: Any
+    site_server: Any, make_key: Any
 ) -> None:
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
 
     def ask() -> Any:
         # type: ignore[arg-type]
@@ -214,9 +214,9 @@ def test_n_choices_are_reproducible_with_a_seed_and_counted_once_for_the_prompt(
     assert row.completion_tokens == first.usage.completion_tokens > 16
 
 
-def test_n_choices_stream_with_their_index(daphne_server: Any, make_key: Any) -> None:
+def test_n_choices_stream_with_their_index(site_server: Any, make_key: Any) -> None:
     # type: ignore[arg-type]
-    stream = sdk(daphne_server, make_key()).chat.completions.create(
+    stream = sdk(site_server, make_key()).chat.completions.create(
         model="smollm2", messages=CAPITAL, n=2, temperature=0, max_tokens=12, stream=True
     )
     texts = {0: "", 1: ""}
@@ -229,16 +229,16 @@ def test_n_choices_stream_with_their_index(daphne_server: Any, make_key: Any) ->
     assert finished == {0, 1} and texts[0] == texts[1] != ""  # greedy: both choices say the same
 
 
-def test_logit_bias_against_the_greedy_first_token_changes_it(daphne_server: Any, make_key: Any) -> None:
+def test_logit_bias_against_the_greedy_first_token_changes_it(site_server: Any, make_key: Any) -> None:
     key = make_key()
-    client = sdk(daphne_server, key)
+    client = sdk(site_server, key)
     # type: ignore[arg-type]
     greedy = client.chat.completions.create(
         model="smollm2", messages=CAPITAL, temperature=0, max_tokens=8, logprobs=True
     )
     first = greedy.choices[0].logprobs.content[0].token  # type: ignore[union-attr,index]
     ids = httpx.post(
-        f"{daphne_server.api}/tokenize",
+        f"{site_server.api}/tokenize",
         json={"model": "smollm2", "text": first},
         headers={"Authorization": f"Bearer {key}"},
     ).json()["ids"]
@@ -250,9 +250,9 @@ def test_logit_bias_against_the_greedy_first_token_changes_it(daphne_server: Any
     assert biased.choices[0].logprobs.content[0].token != first  # type: ignore[union-attr,index]
 
 
-def test_continue_final_message_goes_on_from_the_assistants_text(daphne_server: Any, make_key: Any) -> None:
+def test_continue_final_message_goes_on_from_the_assistants_text(site_server: Any, make_key: Any) -> None:
     key = make_key()
-    client = sdk(daphne_server, key)
+    client = sdk(site_server, key)
     full = client.chat.completions.create(model="smollm2", messages=CAPITAL, temperature=0, max_tokens=12)  # type: ignore[arg-type]
     text = full.choices[0].message.content or ""
     prefix = text[: text.index(" is") + 3]  # "... India is"
@@ -265,15 +265,15 @@ def test_continue_final_message_goes_on_from_the_assistants_text(daphne_server: 
     )
     assert (go_on.choices[0].message.content or "").startswith(text[len(prefix) :])
     refused = httpx.post(
-        f"{daphne_server.api}/chat/completions",
+        f"{site_server.api}/chat/completions",
         headers={"Authorization": f"Bearer {key}"},
         json={"model": "smollm2", "messages": CAPITAL, "continue_final_message": True},
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "continue_final_message"
 
 
-def test_legacy_completions_continue_raw_text(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_legacy_completions_continue_raw_text(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     reply = client.completions.create(
         model="smollm2", prompt="The capital of France is", max_tokens=6, temperature=0, logprobs=2
     )
@@ -296,9 +296,9 @@ def test_legacy_completions_continue_raw_text(daphne_server: Any, make_key: Any)
     assert echoed.choices[0].text == "The capital of France is" + choice.text
 
 
-def test_legacy_completions_refuse_suffix_clearly(daphne_server: Any, make_key: Any) -> None:
+def test_legacy_completions_refuse_suffix_clearly(site_server: Any, make_key: Any) -> None:
     r = httpx.post(
-        f"{daphne_server.api}/completions",
+        f"{site_server.api}/completions",
         json={"model": "smollm2", "prompt": "def f(", "suffix": "return x"},
         headers={"Authorization": f"Bearer {make_key()}"},
     )
@@ -309,20 +309,18 @@ def test_legacy_completions_refuse_suffix_clearly(daphne_server: Any, make_key: 
     )
 
 
-def test_tokenize_then_detokenize_round_trips(daphne_server: Any, make_key: Any) -> None:
+def test_tokenize_then_detokenize_round_trips(site_server: Any, make_key: Any) -> None:
     headers = {"Authorization": f"Bearer {make_key()}"}
     text = "Grüße from New Delhi 🇮🇳, 2026!"
-    ids = httpx.post(f"{daphne_server.api}/tokenize", json={"model": "smollm2", "text": text}, headers=headers).json()[
+    ids = httpx.post(f"{site_server.api}/tokenize", json={"model": "smollm2", "text": text}, headers=headers).json()[
         "ids"
     ]
-    back = httpx.post(
-        f"{daphne_server.api}/detokenize", json={"model": "smollm2", "tokens": ids}, headers=headers
-    ).json()
+    back = httpx.post(f"{site_server.api}/detokenize", json={"model": "smollm2", "tokens": ids}, headers=headers).json()
     assert back["text"] == text
 
 
-def test_system_fingerprint_names_the_weights_and_user_is_kept(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_system_fingerprint_names_the_weights_and_user_is_kept(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     a = client.chat.completions.create(model="smollm2", messages=CAPITAL, temperature=0, max_tokens=2, user="alice-42")  # type: ignore[arg-type]
     b = client.chat.completions.create(model="smollm2", messages=CAPITAL, temperature=0, max_tokens=2)  # type: ignore[arg-type]
     assert (

@@ -18,13 +18,13 @@ from webapp.usage.models import UsageRecord
 
 @pytest.mark.django_db(transaction=True)
 def test_the_tool_measures_a_live_server_and_agrees_with_its_usage_log(
-    daphne_server: Any, make_key: Any, tmp_path: Path
+    site_server: Any, make_key: Any, tmp_path: Path
 ) -> None:
     output = tmp_path / "result.json"
     code = _main(
         [
             "--url",
-            daphne_server.api,
+            site_server.api,
             "--api-key",
             make_key(),
             "--model",

@@ -32,7 +32,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def fuzz_key(daphne_server: Any, django_db_blocker: Any) -> str:
+def fuzz_key(site_server: Any, django_db_blocker: Any) -> str:
     from webapp.keys.models import ApiKey
 
     with django_db_blocker.unblock():
@@ -42,7 +42,7 @@ def fuzz_key(daphne_server: Any, django_db_blocker: Any) -> str:
 
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_the_api_conforms_to_its_document(case: Any, daphne_server: Any, fuzz_key: str) -> None:
+def test_the_api_conforms_to_its_document(case: Any, site_server: Any, fuzz_key: str) -> None:
     if isinstance(case.body, dict):
         if zlib.crc32(json.dumps(case.body, sort_keys=True, default=str).encode()) % 4:
             case.body["model"] = "tiny"  # three cases in four reach the model instead of stopping at routing
@@ -51,7 +51,7 @@ def test_the_api_conforms_to_its_document(case: Any, daphne_server: Any, fuzz_ke
         if "max_output_tokens" not in case.body and case.path.endswith("responses"):
             case.body["max_output_tokens"] = 4
     case.call_and_validate(
-        base_url=daphne_server.api, headers={"Authorization": f"Bearer {fuzz_key}"}, checks=CHECKS, timeout=60
+        base_url=site_server.api, headers={"Authorization": f"Bearer {fuzz_key}"}, checks=CHECKS, timeout=60
     )
 
 
@@ -104,14 +104,14 @@ def out_of_range(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 @given(case=out_of_range())
 @settings(max_examples=90, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_out_of_range_numbers_and_ids_are_fast_4xx_with_one_usage_row(
-    case: tuple[str, dict[str, Any]], daphne_server: Any, fuzz_key: str
+    case: tuple[str, dict[str, Any]], site_server: Any, fuzz_key: str
 ) -> None:
     path, body = case
     if path not in ("/chat/completions", "/completions"):
         body.pop("max_tokens", None)
     started = time.monotonic()
     reply = httpx.post(
-        f"{daphne_server.api}{path}", json=body, headers={"Authorization": f"Bearer {fuzz_key}"}, timeout=60
+        f"{site_server.api}{path}", json=body, headers={"Authorization": f"Bearer {fuzz_key}"}, timeout=60
     )
     took = time.monotonic() - started
     assert reply.status_code < 500 and took < 2.0, (path, body, reply.status_code, took, reply.text[:300])
@@ -126,9 +126,9 @@ bench_schema = schemathesis.openapi.from_dict(bench_spec("http://127.0.0.1/bench
 
 
 @pytest.fixture(scope="module")
-def page_session(daphne_server: Any) -> dict[str, str]:
+def page_session(site_server: Any) -> dict[str, str]:
     """A browser's session on the benchmark page: its cookies and CSRF token, as the page's own requests carry them."""
-    page = httpx.get(f"{daphne_server.url}/bench/", timeout=30)
+    page = httpx.get(f"{site_server.url}/bench/", timeout=30)
     cookies = "; ".join(f"{name}={value}" for name, value in page.cookies.items())
     return {"Cookie": cookies, "X-CSRFToken": page.cookies["csrftoken"]}
 
@@ -136,6 +136,6 @@ def page_session(daphne_server: Any) -> dict[str, str]:
 @bench_schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_the_benchmark_pages_endpoints_conform_to_their_document(
-    case: Any, daphne_server: Any, page_session: dict[str, str]
+    case: Any, site_server: Any, page_session: dict[str, str]
 ) -> None:
-    case.call_and_validate(base_url=f"{daphne_server.url}/bench", headers=page_session, checks=CHECKS, timeout=60)
+    case.call_and_validate(base_url=f"{site_server.url}/bench", headers=page_session, checks=CHECKS, timeout=60)

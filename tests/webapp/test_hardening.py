@@ -36,9 +36,7 @@ def post(server: Any, key: str, path: str, body: dict[str, Any]) -> tuple[httpx.
     return reply, time.monotonic() - started
 
 
-def test_a_logit_bias_beyond_the_vocabulary_is_a_fast_400_that_frees_the_slot(
-    daphne_server: Any, make_key: Any
-) -> None:
+def test_a_logit_bias_beyond_the_vocabulary_is_a_fast_400_that_frees_the_slot(site_server: Any, make_key: Any) -> None:
     key = make_key(concurrent_streams=1)  # one slot: a request that kept it would lock the key out
     chat = {"model": "tiny", "max_tokens": 4, "logit_bias": {"99999": 1}, "messages": HI}
     legacy = {"model": "tiny", "max_tokens": 4, "logit_bias": {"99999": 1}, "prompt": "hi"}
@@ -47,12 +45,12 @@ def test_a_logit_bias_beyond_the_vocabulary_is_a_fast_400_that_frees_the_slot(
         ("/chat/completions", {**chat, "stream": True}),
         ("/completions", legacy),
     ):
-        reply, took = post(daphne_server, key, path, body)
+        reply, took = post(site_server, key, path, body)
         assert reply.status_code == 400 and took < FAST, (path, reply.status_code, took)
         error = reply.json()["error"]
         assert error["param"] == "logit_bias" and "99999" in error["message"]
         assert usage_row(reply.headers["x-request-id"]).status == 400
-    ok, _ = post(daphne_server, key, "/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": HI})
+    ok, _ = post(site_server, key, "/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": HI})
     assert ok.status_code == 200
 
 
@@ -100,21 +98,21 @@ def nested_schema(depth: int) -> dict[str, Any]:
     ],
 )
 def test_a_schema_that_cannot_be_enforced_is_a_fast_400_naming_it(
-    daphne_server: Any, make_key: Any, extra: dict[str, Any], param: str
+    site_server: Any, make_key: Any, extra: dict[str, Any], param: str
 ) -> None:
     key = make_key()
     reply, took = post(
-        daphne_server, key, "/chat/completions", {"model": "tiny", "max_tokens": 4, "messages": HI, **extra}
+        site_server, key, "/chat/completions", {"model": "tiny", "max_tokens": 4, "messages": HI, **extra}
     )
     assert reply.status_code == 400 and took < FAST and reply.json()["error"]["param"] == param
     assert usage_row(reply.headers["x-request-id"]).status == 400
     # the server's log names the request at most, never the schema, the prompt or the key
-    log = daphne_server.output()
+    log = site_server.output()
     assert '"$ref"' not in log and HI[0]["content"] not in log and key not in log
 
 
-def test_the_benchmark_pages_save_refuses_what_it_cannot_keep_and_exports_stay_safe(daphne_server: Any) -> None:
-    client = httpx.Client(base_url=daphne_server.url, timeout=30)
+def test_the_benchmark_pages_save_refuses_what_it_cannot_keep_and_exports_stay_safe(site_server: Any) -> None:
+    client = httpx.Client(base_url=site_server.url, timeout=30)
     client.get("/bench/")
     token = client.cookies["csrftoken"]
 
@@ -155,11 +153,11 @@ def test_the_benchmark_pages_save_refuses_what_it_cannot_keep_and_exports_stay_s
 
 
 def test_multipart_without_a_boundary_gets_an_openai_shaped_400_and_a_usage_row(
-    daphne_server: Any, make_key: Any
+    site_server: Any, make_key: Any
 ) -> None:
     key = make_key()
     reply = httpx.post(
-        f"{daphne_server.api}/chat/completions",
+        f"{site_server.api}/chat/completions",
         content=b"--x\r\n\r\n--x--",
         headers={"Authorization": f"Bearer {key}", "Content-Type": "multipart/form-data"},
         timeout=30,
@@ -168,10 +166,10 @@ def test_multipart_without_a_boundary_gets_an_openai_shaped_400_and_a_usage_row(
     assert usage_row(reply.headers["x-request-id"]).status == 400
 
 
-def test_a_socket_frame_past_the_servers_limit_closes_with_a_reason(daphne_server: Any) -> None:
+def test_a_socket_frame_past_the_servers_limit_closes_with_a_reason(site_server: Any) -> None:
     async def send_too_much() -> tuple[int | None, str]:
-        url = daphne_server.url.replace("http://", "ws://") + "/ws/pipeline/"
-        async with websockets.connect(url, origin=Origin(daphne_server.url), max_size=None) as ws:
+        url = site_server.url.replace("http://", "ws://") + "/ws/pipeline/"
+        async with websockets.connect(url, origin=Origin(site_server.url), max_size=None) as ws:
             assert json.loads(await ws.recv())["type"] == "hello"
             await ws.send(json.dumps({"type": "chat", "pad": "x" * (1024 * 1024 + 10)}))
             try:
@@ -181,20 +179,20 @@ def test_a_socket_frame_past_the_servers_limit_closes_with_a_reason(daphne_serve
         return None, "still open"
 
     code, reason = run_async(send_too_much())
-    assert code == 1009 and "exceeds payload limit" in reason
+    assert code == 1009 and "exceeds limit of 1048576 bytes" in reason
 
 
 def test_a_huge_tool_list_is_refused_at_once_and_a_chat_beside_it_is_not_held_up(
-    daphne_server: Any, make_key: Any
+    site_server: Any, make_key: Any
 ) -> None:
     key = make_key()
     tools = [{"type": "function", "function": {"name": f"f{i}", "description": "d" * 7000}} for i in range(128)]
     heavy = {"model": "tiny", "max_tokens": 4, "messages": HI, "tools": tools}
     light = {"model": "tiny", "max_tokens": 1, "messages": HI}
     with ThreadPoolExecutor(2) as pool:
-        refused = pool.submit(post, daphne_server, key, "/chat/completions", heavy)
+        refused = pool.submit(post, site_server, key, "/chat/completions", heavy)
         time.sleep(0.05)
-        chat = pool.submit(post, daphne_server, key, "/chat/completions", light)
+        chat = pool.submit(post, site_server, key, "/chat/completions", light)
         (reply, took), (answer, answer_took) = refused.result(), chat.result()
     # before the fix: 1.46 s to refuse, and the chat beside it held to 1.15 s; now about 0.3 s each here
     assert reply.status_code == 400 and took < 0.9 and reply.json()["error"]["code"] == "context_length_exceeded"

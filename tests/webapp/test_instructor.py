@@ -20,13 +20,13 @@ RUNS = 10
 
 
 def test_instructor_extracts_a_nested_object_ten_times_in_ten_whole_and_streamed(
-    daphne_server: Any, make_key: Any
+    site_server: Any, make_key: Any
 ) -> None:
     if not PYTHON.exists():
         pytest.skip("instructor's environment is missing: `make test` builds .venv/instructor")
     probe = ROOT / "tests" / "clients" / "instructor_probe.py"
     done = subprocess.run(
-        [str(PYTHON), str(probe), daphne_server.api, make_key(), str(RUNS)],
+        [str(PYTHON), str(probe), site_server.api, make_key(), str(RUNS)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -17,12 +17,12 @@ QUESTION = [{"role": "user", "content": "What's the capital of India?"}]
 WEATHER = {"name": "get_weather", "description": GET_WEATHER["description"], "input_schema": CITY}
 
 
-def sdk(daphne_server: Any, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=daphne_server.url, api_key=key, max_retries=0, timeout=60)
+def sdk(site_server: Any, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=site_server.url, api_key=key, max_retries=0, timeout=60)
 
 
-def test_a_message_is_answered_streamed_or_not_with_the_same_text(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_message_is_answered_streamed_or_not_with_the_same_text(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     reply = client.messages.create(
         model="smollm2", max_tokens=40, system=SYSTEM, extra_body={"temperature": 0}, messages=QUESTION
     )  # type: ignore[arg-type]
@@ -52,8 +52,8 @@ def test_a_message_is_answered_streamed_or_not_with_the_same_text(daphne_server:
     assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "India")
 
 
-def test_a_tool_is_used_and_its_result_answered(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_tool_is_used_and_its_result_answered(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     ask = [{"role": "user", "content": "What's the weather in Paris?"}]
     forced: dict[str, Any] = {
         "model": "smollm2",
@@ -88,16 +88,16 @@ def test_a_tool_is_used_and_its_result_answered(daphne_server: Any, make_key: An
     assert followed.content and followed.usage.output_tokens > 0
 
 
-def test_tokens_are_counted_as_the_model_reads_them(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_tokens_are_counted_as_the_model_reads_them(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     counted = client.messages.count_tokens(model="smollm2", system=SYSTEM, messages=QUESTION)  # type: ignore[arg-type]
     assert counted.input_tokens == 27  # the templated prompt the answer's usage counts
     bare = client.messages.count_tokens(model="smollm2", messages=QUESTION)  # type: ignore[arg-type]
     assert bare.input_tokens == 37  # with the template's own, longer system prompt
 
 
-def test_errors_come_in_anthropics_shape(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_errors_come_in_anthropics_shape(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.messages.create(model="claude-opus-9", max_tokens=5, messages=QUESTION)  # type: ignore[arg-type]
     assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
@@ -105,4 +105,4 @@ def test_errors_come_in_anthropics_shape(daphne_server: Any, make_key: Any) -> N
         client.messages.create(model="smollm2", max_tokens=5, messages=QUESTION, extra_body={"temperature": 1.5})  # type: ignore[arg-type]
     assert bad.value.body["type"] == "error" and bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     with pytest.raises(anthropic.AuthenticationError):
-        sdk(daphne_server, "rt-not-a-key").messages.create(model="smollm2", max_tokens=5, messages=QUESTION)  # type: ignore[arg-type]
+        sdk(site_server, "rt-not-a-key").messages.create(model="smollm2", max_tokens=5, messages=QUESTION)  # type: ignore[arg-type]

@@ -96,23 +96,23 @@ def test_with_a_token_set_every_client_needs_it() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_live_server_counts_requests_tokens_and_refusals(daphne_server: Any, make_key: Any) -> None:
-    before = samples(daphne_server.url)
+def test_a_live_server_counts_requests_tokens_and_refusals(site_server: Any, make_key: Any) -> None:
+    before = samples(site_server.url)
     key = make_key()
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "ignore_eos": True}
     assert (
         httpx.post(
-            f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+            f"{site_server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
         ).status_code
         == 200
     )
     assert (
         httpx.post(
-            f"{daphne_server.api}/chat/completions", json=body, headers={"Authorization": "Bearer rt-nope"}, timeout=60
+            f"{site_server.api}/chat/completions", json=body, headers={"Authorization": "Bearer rt-nope"}, timeout=60
         ).status_code
         == 401
     )
-    after = samples(daphne_server.url)
+    after = samples(site_server.url)
 
     def grew(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)

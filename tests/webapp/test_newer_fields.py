@@ -20,21 +20,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 HI = [{"role": "user", "content": "the heat is on"}]
 
 
-def sdk(daphne_server: Any, key: str) -> OpenAI:
-    return OpenAI(base_url=daphne_server.api, api_key=key, max_retries=0, timeout=60)
+def sdk(site_server: Any, key: str) -> OpenAI:
+    return OpenAI(base_url=site_server.api, api_key=key, max_retries=0, timeout=60)
 
 
 def test_a_model_is_found_by_its_id_or_an_alias_and_only_by_keys_that_may_use_it(
-    daphne_server: Any, make_key: Any
+    site_server: Any, make_key: Any
 ) -> None:
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
     model = client.models.retrieve("smollm2")  # an alias
     assert model.id == "smollm2-135m-instruct" and model.object == "model" and model.owned_by == "roundtrip"
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError) as info:
         client.models.retrieve("gpt-5")
     assert info.value.code == "model_not_found"
-    limited = sdk(daphne_server, make_key(allowed_models=["tiny"]))
+    limited = sdk(site_server, make_key(allowed_models=["tiny"]))
     with pytest.raises(openai.NotFoundError):
         limited.models.retrieve("smollm2")
     assert UsageRecord.objects.filter(endpoint="models.retrieve").count() == 4
@@ -46,8 +46,8 @@ def test_every_field_the_sdk_knows_is_a_field_of_the_request() -> None:
     assert sdk_fields <= set(ChatCompletionRequest.model_fields)
 
 
-def test_the_newer_fields_are_accepted_and_named_as_ignored(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_the_newer_fields_are_accepted_and_named_as_ignored(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     newer: dict[str, Any] = {
         "prompt_cache_key": "conversation-7",
         "prompt_cache_retention": "24h",
@@ -82,16 +82,16 @@ def test_the_newer_fields_are_accepted_and_named_as_ignored(daphne_server: Any, 
     ],
 )
 def test_a_field_that_needs_a_capability_this_server_lacks_is_a_400_naming_it(
-    daphne_server: Any, make_key: Any, field: str, value: Any
+    site_server: Any, make_key: Any, field: str, value: Any
 ) -> None:
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=HI, max_tokens=3, extra_body={field: value})  # type: ignore[arg-type]
     assert info.value.param == field and "this server does not have" in info.value.message
 
 
-def test_legacy_functions_are_answered_as_tool_calls(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_legacy_functions_are_answered_as_tool_calls(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     functions = [GET_WEATHER]
     reply = client.chat.completions.create(
         model="smollm2",  # the tiny model's context is too short for a function's description
@@ -115,8 +115,8 @@ def test_legacy_functions_are_answered_as_tool_calls(daphne_server: Any, make_ke
     assert info.value.param == "functions"
 
 
-def test_legacy_completions_have_their_own_ids(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_legacy_completions_have_their_own_ids(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     reply = client.completions.create(model="tiny", prompt="the heat", max_tokens=3)
     assert reply.id.startswith("cmpl-") and reply.object == "text_completion"
     assert UsageRecord.objects.filter(request_id=reply.id, endpoint="completions").count() == 1

@@ -19,12 +19,12 @@ QUESTION = "What's the capital of India?"
 WEATHER = {"type": "function", **GET_WEATHER, "strict": True}
 
 
-def sdk(daphne_server: Any, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=daphne_server.api, api_key=key, max_retries=0, timeout=60)
+def sdk(site_server: Any, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=site_server.api, api_key=key, max_retries=0, timeout=60)
 
 
-def test_a_response_is_the_same_streamed_or_not_and_leaves_a_usage_row(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_response_is_the_same_streamed_or_not_and_leaves_a_usage_row(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     asked: dict[str, Any] = {
         "model": "smollm2",
         "instructions": SYSTEM,
@@ -64,8 +64,8 @@ def test_a_response_is_the_same_streamed_or_not_and_leaves_a_usage_row(daphne_se
     assert helper.output_text == reply.output_text
 
 
-def test_a_response_cut_by_max_output_tokens_is_incomplete(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_response_cut_by_max_output_tokens_is_incomplete(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     cut = client.responses.create(model="smollm2", input=QUESTION, temperature=0, max_output_tokens=3)
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens" and cut.usage is not None
@@ -74,8 +74,8 @@ def test_a_response_cut_by_max_output_tokens_is_incomplete(daphne_server: Any, m
     assert kinds[-1] == "response.incomplete"
 
 
-def test_a_function_tool_round_trips_through_function_call_output(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_function_tool_round_trips_through_function_call_output(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     ask = [{"role": "user", "content": "What's the weather in Paris?"}]
     forced: dict[str, Any] = {
         "model": "smollm2",
@@ -109,8 +109,8 @@ def test_a_function_tool_round_trips_through_function_call_output(daphne_server:
     assert row.prompt_tokens > reply.usage.input_tokens  # type: ignore[union-attr]  # the call and its result were in the prompt
 
 
-def test_text_format_json_schema_gives_json_valid_against_the_schema(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_text_format_json_schema_gives_json_valid_against_the_schema(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
@@ -129,8 +129,8 @@ def test_text_format_json_schema_gives_json_valid_against_the_schema(daphne_serv
     assert set(json.loads(reply.output_text)) == {"city", "country"}
 
 
-def test_a_stored_response_is_continued_read_and_deleted_by_its_owner_only(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_a_stored_response_is_continued_read_and_deleted_by_its_owner_only(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     first = client.responses.create(
         model="smollm2", instructions=SYSTEM, input=QUESTION, temperature=0, max_output_tokens=40
     )
@@ -142,7 +142,7 @@ def test_a_stored_response_is_continued_read_and_deleted_by_its_owner_only(daphn
     assert second.usage.input_tokens > first.usage.input_tokens  # the earlier turn came along
     assert client.responses.retrieve(first.id).output_text == first.output_text
 
-    stranger = sdk(daphne_server, make_key())
+    stranger = sdk(site_server, make_key())
     with pytest.raises(openai.NotFoundError) as refused:
         stranger.responses.retrieve(first.id)
     assert refused.value.code == "response_not_found"
@@ -170,17 +170,17 @@ def test_a_stored_response_is_continued_read_and_deleted_by_its_owner_only(daphn
     ],
 )
 def test_what_this_server_cannot_honour_is_refused_naming_the_field(
-    daphne_server: Any, make_key: Any, fields: dict[str, Any], param: str
+    site_server: Any, make_key: Any, fields: dict[str, Any], param: str
 ) -> None:
-    client = sdk(daphne_server, make_key())
+    client = sdk(site_server, make_key())
     body = {"input": "Hi", **fields}
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model="smollm2", extra_body=body)  # type: ignore[call-overload]
     assert refused.value.param == param
 
 
-def test_fields_with_no_effect_here_are_accepted_and_named(daphne_server: Any, make_key: Any) -> None:
-    client = sdk(daphne_server, make_key())
+def test_fields_with_no_effect_here_are_accepted_and_named(site_server: Any, make_key: Any) -> None:
+    client = sdk(site_server, make_key())
     raw = client.responses.with_raw_response.create(
         model="smollm2",
         input="Hi",

@@ -1,4 +1,4 @@
-"""The grown-up set-up: PostgreSQL, Redis, two Daphne processes and a separate inference worker.
+"""The grown-up set-up: PostgreSQL, Redis, two web processes and a separate inference worker.
 
 Same code, other settings: the channel layer and the rate-limit counters live in Redis,
 usage rows in PostgreSQL, and the model in its own `runinferenceworker` process.

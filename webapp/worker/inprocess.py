@@ -1,8 +1,8 @@
 """Starting the inference worker inside the web process, on the server's own event loop.
 
 The in-memory channel layer only connects coroutines of one process and one loop, so
-the default set-up runs the worker as a task beside Daphne's. `ensure_started` is
-idempotent: the `serve` command calls it when Daphne is ready (so the model loads at
+the default set-up runs the worker as a task beside the web server's. `ensure_started` is
+idempotent: the `serve` command calls it when the server is ready (so the model loads at
 once, with progress), and the ASGI application on its first request as a fallback.
 """
 

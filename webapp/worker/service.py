@@ -1,6 +1,6 @@
 """The inference worker's event-loop side: load the models, consume work, send replies, beat.
 
-The same `serve` runs inside Daphne (in-memory layer, the default) or as its own process
+The same `serve` runs inside the web server (in-memory layer, the default) or as its own process
 (`manage.py runinferenceworker`, with Redis), as many of them as there are machines or
 GPUs. Each worker consumes its own inbox (the channel its heartbeat names, where the
 gateway sends it work) and the shared work channel of every model it holds; it beats

@@ -3,7 +3,7 @@
 A server is picked among its model's replicas by the fewest requests in flight; one that failed (refused, timed out,
 answered 5xx or 429, broke mid-stream, or missed a probe) is left out for `ROUNDTRIP_UPSTREAM_COOLDOWN` seconds (or
 its Retry-After) unless nothing else is left; a success or a probe that answers brings it back. When every replica has
-been tried, the model's fallbacks are, in order. State is per web process: each Daphne process learns on its own.
+been tried, the model's fallbacks are, in order. State is per web process: each web process learns on its own.
 """
 
 from __future__ import annotations
