@@ -63,5 +63,8 @@ class Command(BaseCommand):
             log_config=None,  # Django's logging stays as settings.py sets it
             access_log=False,
             timeout_graceful_shutdown=5,  # open streams get this long to end on Ctrl+C or SIGTERM
+            # an idle kept-alive connection stays open past the clients' own pool expiry (httpx's: 5 s), so a client
+            # never sends on a connection the server is closing at that moment (uvicorn's default is also 5 s)
+            timeout_keep_alive=75,
         )
         _Server(config, ready).run()
