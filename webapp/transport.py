@@ -15,6 +15,7 @@ read: the server hands them on as bytes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -24,6 +25,7 @@ from webapp.gateway.errors import GatewayError
 APP_HEADER_BYTES = 16 * 1024
 TRANSPORT_HEADER_BYTES = 128 * 1024
 WEBSOCKET_MESSAGE_BYTES = 1024 * 1024
+LINGER_SECONDS = 2.0  # after a 431, how long the rest of a refused head is read and dropped
 
 _BODY = json.dumps(
     GatewayError(
@@ -72,10 +74,8 @@ class HeaderLimitProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        if self._refused:
-            self._refuse()
-            return
-        super().on_headers_complete()
+        if not self._refused:
+            super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -87,12 +87,25 @@ class HeaderLimitProtocol(HttpToolsProtocol):
         self._in_head, self._head_bytes = True, 0
 
     def _count(self, size: int) -> None:
+        """Refused as soon as the head passes the limit: the rest of it is dropped unparsed, so the answer cannot wait
+        for its end."""
         self._head_bytes += size
         if self._head_bytes > TRANSPORT_HEADER_BYTES:
-            self._refused = True
+            self._refuse()
 
     def _refuse(self) -> None:
+        """Answer 431, then close our side and read (and drop) what the client still sends for a moment before the
+        socket closes: closed with the rest of the head unread, the kernel would reset the connection, and a client
+        still sending could lose the answer."""
+        if self._refused:
+            return
         self._refused = True
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(TOO_LARGE)
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(TOO_LARGE)
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
+        else:
+            transport.close()

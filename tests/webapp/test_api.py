@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -427,6 +428,25 @@ def test_headers_past_the_transport_limit_get_431_not_a_dropped_connection(
 ) -> None:
     r = httpx.post(f"{site_server.api}/chat/completions", json={}, headers=headers, timeout=60)
     assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
+
+
+def test_headers_that_pass_the_transport_limit_a_line_at_a_time_get_431_at_once(site_server: Any) -> None:
+    """The head arrives in many reads, and the server answers as soon as it passes the limit, without its end."""
+    port = int(site_server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        answer = b""
+        for i in range(400):  # 400 KB of headers, never ended with a blank line
+            try:
+                sock.sendall(b"X-Padding-%d: %s\r\n" % (i, b"a" * 1000))
+            except OSError:  # refused and closed: the rest is not read
+                break
+            if i % 20 == 19:
+                time.sleep(0.01)
+        while data := sock.recv(65536):
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 431 ") and b'"headers_too_large"' in answer
     assert httpx.get(f"{site_server.url}/health", timeout=10).status_code == 200
 
 
