@@ -8,6 +8,11 @@ refused before the application sees it: a 431 with an OpenAI-style JSON body, an
 identified yet). httptools keeps a header line whole until it ends, so a head still unfinished past the limit (one
 endless line) is refused as its bytes come.
 
+A response's head is written with its first body part, in one write (`HeadWithFirstPart`): a client gets them in one
+segment, not the head alone first. That is one send and one client wake-up fewer on every request's way to its first
+byte. A stream whose first part is not ready at once still gets its head at once: it is written on the loop's next
+turn.
+
 A WebSocket message past `WEBSOCKET_MESSAGE_BYTES` closes the socket with a close frame (1009) whose reason names
 the limit (uvicorn's `ws_max_size`, see the `serve` command). Bodies, form bodies included, are the application's to
 read: the server hands them on as bytes.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -76,6 +82,9 @@ class HeaderLimitProtocol(HttpToolsProtocol):
         self._in_head = False
         if not self._refused:
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.transport is self.transport:  # not an upgrade to a WebSocket
+                cycle.transport = cast(asyncio.Transport, HeadWithFirstPart(self.transport))
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -109,3 +118,55 @@ class HeaderLimitProtocol(HttpToolsProtocol):
             asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
         else:
             transport.close()
+
+
+class HeadWithFirstPart:
+    """One response's view of its connection's transport: its first write (the status line and headers) is held until
+    the next write, which carries it, or the loop's next turn, whichever comes first.
+
+    uvicorn writes the head as soon as the application starts its response, and each body part as it comes. An API
+    stream's first part is usually ready at once (an upstream's first chunk has come before the view answers), so
+    the head alone went out first: one more send on loopback, and one more wake-up of the client, which read the head
+    and waited again. Anything else a response does to its transport goes to the transport itself, after the held
+    head."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self._held: bytes | None = None
+        self._flush: asyncio.Handle | None = None
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        if not self._started:
+            self._started = True
+            self._held = data
+            self._flush = asyncio.get_running_loop().call_soon(self.flush)
+            return
+        if self._held is not None:
+            data = self._held + data
+            self._drop_held()
+        self.transport.write(data)
+
+    def flush(self) -> None:
+        """Write the held head now (the loop's next turn, or before the transport is closed)."""
+        if self._held is not None:
+            held = self._held
+            self._drop_held()
+            if not self.transport.is_closing():
+                self.transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def _drop_held(self) -> None:
+        self._held = None
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.transport, name)
