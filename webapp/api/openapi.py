@@ -52,7 +52,19 @@ ERROR_SCHEMA = {
     },
 }
 GENERATION_ERRORS = (400, 401, 403, 404, 405, 413, 429, 431, 500, 503)
-STREAMED = {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}}
+# OpenAPI 3.1 has a text/event-stream's `schema` describe each event (3.2 names that `itemSchema`): its `data` is a JSON
+# chunk (or `[DONE]`, which ends an OpenAI stream), and `event` names it where the API does (Responses, Messages).
+SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+STREAMED = {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": SSE_EVENT}}
 
 
 def _post(
