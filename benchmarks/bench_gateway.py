@@ -52,6 +52,14 @@ from benchmarks.bench_serving import TOPICS, Target, llama_server, model_file, o
 from webapp.benchmark.measure import RequestResult  # noqa: E402
 
 BARS = {"ttft_ms": 2.0, "itl_ms": 0.3, "throughput_loss": 0.05}
+# After each answer (and each round at more streams) the machine is left alone this long before the next request. A
+# proxy keeps working after its answer has gone (Roundtrip writes its usage row, LiteLLM logs and costs the call),
+# and on two shared cores that work lands on the next request, whichever target it goes to. The rounds' order gives
+# every target that neighbour equally often, but not the same harm: a request straight to llama-server spends that
+# time in llama-server's prefill (which the paired measure takes out), one through a gateway in the gateway's own
+# work on its way in. Measured (docs/performance.md, the eleventh pass): with LiteLLM in the rounds and no pause, the
+# gateway's TTFT less the prefill was +2.30 ms; in rounds without LiteLLM +1.12 ms; with LiteLLM and this pause +1.85.
+SETTLE_SECONDS = 0.2
 
 
 @contextmanager
@@ -229,7 +237,8 @@ def _p50(values: list[float]) -> float:
 async def one_stream(
     targets: dict[str, tuple[Target, str]], requests: int, max_tokens: int, prompts: Prompts
 ) -> dict[str, list[RequestResult]]:
-    """One request at a time, cycling through the targets in each round's order (`round_order`)."""
+    """One request at a time, cycling through the targets in each round's order (`round_order`), each after the
+    machine has settled from the one before (`SETTLE_SECONDS`)."""
     names = list(targets)
     out: dict[str, list[RequestResult]] = {name: [] for name in names}
     for i in range(requests):
@@ -237,6 +246,7 @@ async def one_stream(
         for name in order:
             target, model = targets[name]
             out[name].append(await one_request(target.url, target.key, model, prompts.next(i), max_tokens, i))
+            await asyncio.sleep(SETTLE_SECONDS)
     return out
 
 
@@ -255,6 +265,7 @@ async def many_streams(
             )
             results_so_far, seconds = out[name]
             out[name] = (results_so_far + list(results), seconds + time.perf_counter() - started)
+            await asyncio.sleep(SETTLE_SECONDS)
     return out
 
 
